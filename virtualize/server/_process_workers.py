@@ -106,9 +106,13 @@ class SharedUsage:
     def total(self) -> list[int]:
         return [self[d] + self.elsewhere(d) for d in range(self.devices)]
 
-    def free_slot(self) -> int | None:
+    def take_slot(self) -> int | None:
+        """A free slot, marked taken (its worker writes its own pid over the mark when it starts)."""
         w = self.width
-        return next((s for s in range(SLOTS) if s != self.slot and not self.words[s * w]), None)
+        slot = next((s for s in range(SLOTS) if s != self.slot and not self.words[s * w]), None)
+        if slot is not None:
+            self.words[slot * w] = -1
+        return slot
 
     def clear(self, slot: int) -> None:
         w = self.width
@@ -131,7 +135,11 @@ def _alive(pid: int) -> bool:
 
 class ProcessWorkers:
     """The worker's side of gpProcessStart: serve the process here, or send it to a worker of its own.
-    `is_root`: the lease's worker, which starts process workers (a process worker serves its one process)."""
+    `is_root`: the lease's worker, which starts process workers (a process worker serves its one process).
+
+    Once the lease's worker has sent one process away it keeps a process worker started and waiting (a
+    program that starts one process with CUDA tends to start more: test suites, data loaders), so the
+    next process does not wait for a worker to start."""
 
     def __init__(self, worker, argv: list[str], secret: str, *, is_root: bool) -> None:
         self.worker = worker
@@ -140,10 +148,12 @@ class ProcessWorkers:
         self.is_root = is_root
         self.lock = threading.Lock()
         self.served = None  # the Session of the one process this worker serves as isolated
-        self.children: dict[int, tuple[subprocess.Popen, int]] = {}  # pid -> (process, slot)
+        self.children: dict[int, tuple[subprocess.Popen, int]] = {}  # pid -> (process, slot): serving
+        self.spare: tuple[subprocess.Popen, int, dict] | None = None  # started, waiting for a process
+        self.stopping = False
 
     def running(self) -> int:
-        """How many process workers of the lease are alive now."""
+        """How many process workers of the lease serve a process now."""
         with self.lock:
             return len(self.children)
 
@@ -164,19 +174,50 @@ class ProcessWorkers:
             log.warning("a second process reached this process worker: it shares it, not isolated")
             return b"", b""
         try:
-            outs = self._spawn(session.channel)
+            outs = self._hand_out(session.channel)
         except OSError as exc:  # no room for another process: served here, not isolated, and said so
             log.warning("no worker of its own for a new process (%s): it shares the lease's worker", exc)
             return b"", b""
         session.channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
         return ANSWERED
 
-    def _spawn(self, channel) -> bytes:
-        """A process worker for one new process: started, ready, and its MOVED_TO outs."""
+    def _hand_out(self, channel) -> bytes:
+        """A process worker for one new process (the spare, or one started now) and its MOVED_TO outs; a new
+        spare is started behind it."""
+        with self.lock:
+            spare, self.spare = self.spare, None
+        if spare is None or spare[0].poll() is not None:
+            spare = self._start()
+        proc, slot, ready = spare
+        with self.lock:
+            self.children[proc.pid] = (proc, slot)
+        threading.Thread(target=self._keep_spare, name="gpupool-spare-worker", daemon=True).start()
+        log.info(
+            "a new process of the lease gets a worker of its own (pid %d, port %d)", proc.pid, ready["port"]
+        )
+        return _wire.MOVED_TO.pack(0, _where(channel, ready).encode(), str(ready.get("local", "")).encode(),
+                                   str(ready.get("tls_sha256", "")).encode())  # fmt: skip
+
+    def _keep_spare(self) -> None:
+        try:
+            spare = self._start()
+        except OSError as exc:
+            log.info("no spare process worker (%s): the next process waits for its worker to start", exc)
+            return
+        with self.lock:
+            if self.spare is None and not self.stopping:
+                self.spare, spare = spare, None
+        if spare is not None:  # one is waiting already, or the lease ends
+            with contextlib.suppress(OSError):
+                spare[0].terminate()
+
+    def _start(self) -> tuple[subprocess.Popen, int, dict]:
+        """A process worker started and ready: (process, slot, ready line)."""
         from server.workers import SECRET_ENV, _read_ready_line
 
         usage = self.worker.lease.used
-        slot = usage.free_slot() if isinstance(usage, SharedUsage) else None
+        with self.lock:
+            slot = usage.take_slot() if isinstance(usage, SharedUsage) else None
         if slot is None:
             raise OSError(f"the lease has {SLOTS} worker processes already")
         cmd = [sys.executable, "-m", "virtualize.server.worker", *self.argv, "--parent", str(os.getpid()),
@@ -190,16 +231,10 @@ class ProcessWorkers:
             proc.wait(5)
             usage.clear(slot)
             raise OSError(f"its worker did not start: {ready.get('error', 'no answer')}")
-        with self.lock:
-            self.children[proc.pid] = (proc, slot)
         threading.Thread(
             target=self._reap, args=(proc, slot), name="gpupool-process-worker", daemon=True
         ).start()
-        log.info(
-            "a new process of the lease gets a worker of its own (pid %d, port %d)", proc.pid, ready["port"]
-        )
-        return _wire.MOVED_TO.pack(0, _where(channel, ready).encode(), str(ready.get("local", "")).encode(),
-                                   str(ready.get("tls_sha256", "")).encode())  # fmt: skip
+        return proc, slot, ready
 
     def _reap(self, proc: subprocess.Popen, slot: int) -> None:
         status = proc.wait()
@@ -207,10 +242,11 @@ class ProcessWorkers:
         if isinstance(usage, SharedUsage):
             usage.clear(slot)  # what a worker that crashed still counted is the lease's again
         with self.lock:
-            self.children.pop(proc.pid, None)
-        (log.info if status == 0 else log.warning)(
-            "process worker pid %d exited (status %d)", proc.pid, status
-        )
+            served = self.children.pop(proc.pid, None) is not None
+        if served or status not in (0, -15):  # a spare let go (SIGTERM) is no news
+            (log.info if status == 0 else log.warning)(
+                "process worker pid %d exited (status %d)", proc.pid, status
+            )
 
     def ended(self, session) -> bool:
         """A connection closed: whether it was the process this process worker serves (it then exits)."""
@@ -219,7 +255,9 @@ class ProcessWorkers:
     def stop(self) -> None:
         """The lease ends: its process workers end with it."""
         with self.lock:
-            children = [p for p, _ in self.children.values()]
+            self.stopping = True
+            children = [p for p, _ in self.children.values()] + ([self.spare[0]] if self.spare else [])
+            self.spare = None
         for proc in children:
             with contextlib.suppress(OSError):
                 proc.terminate()
@@ -232,8 +270,9 @@ def _where(channel, ready: dict) -> str:
     """host:port of a process worker as the client reaches it: the address it reached this worker at (the
     process worker listens where this one does), or loopback over the local socket."""
     host = "127.0.0.1"
+    sock = getattr(channel.sock, "sock", channel.sock)  # a TLS stream's own socket
     with contextlib.suppress(OSError, IndexError, TypeError):
-        name = channel.sock.getsockname()
+        name = sock.getsockname()
         if isinstance(name, tuple):
             host = name[0]
     return f"{_bracket(host)}:{ready['port']}"
