@@ -1358,6 +1358,45 @@ def scenario_trap_child():
     say("sync_after_trap", cu.cuCtxSynchronize())
 
 
+def scenario_mirrored_read_from_a_host_thread():
+    """Page-locked memory a kernel wrote through its device pointer, and managed memory, read by host threads
+    that never made a CUDA call (no current context, as PyTorch's parallel loops read a tensor): natively they
+    need none. Also written by such a thread and read by a kernel. Prints how many words each saw right."""
+    setup()
+    n = 1 << 20
+    fill = module_function(b"fill_u32")
+    pinned, managed = ctypes.c_uint64(), c_u64()
+    check(cu.cuMemHostAlloc(ctypes.byref(pinned), c_u64(4 * n), 0), "page-locked")
+    dev = c_u64()
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(dev), c_u64(pinned.value), 0), "its device pointer")
+    check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(4 * n), 1), "managed")
+    for name, ptr, host, value in (
+        ("pinned", dev.value, pinned.value, 7),
+        ("managed", managed.value, managed.value, 9),
+    ):
+        values = (c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(n))
+        params = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in values))
+        check(cu.cuLaunchKernel(fill, n // 256, 1, 1, 256, 1, 1, 0, c_u64(0), params, None), "fill")
+        check(cu.cuCtxSynchronize(), "sync")
+        seen = {}
+
+        def read(host=host, value=value, seen=seen):  # no CUDA call in this thread: no current context
+            words = (ctypes.c_uint32 * n).from_address(host)
+            seen["right"] = sum(1 for w in words if w == value)
+            ctypes.memset(host, 0, 4 * n)  # and a write the next kernel reads
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+        say(f"{name}_read_in_a_thread", seen["right"])
+        add = module_function(b"add_u32")
+        values = (c_u64(ptr), ctypes.c_uint32(1), ctypes.c_uint32(n))
+        params = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in values))
+        check(cu.cuLaunchKernel(add, n // 256, 1, 1, 256, 1, 1, 0, c_u64(0), params, None), "add")
+        check(cu.cuCtxSynchronize(), "sync")
+        say(f"{name}_after_thread_write", sum(1 for w in (ctypes.c_uint32 * n).from_address(host) if w == 1))
+
+
 def scenario_synchronise_after_pauses():
     """Four context synchronises with nothing sent between them, each after a pause of 200 ms."""
     setup()

@@ -974,6 +974,20 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
     assert "gpupool:" not in err
 
 
+def test_memory_both_sides_touch_is_read_and_written_by_host_threads_without_a_context(shim_dir, worker):
+    """A host thread that never made a CUDA call reads page-locked memory a kernel wrote (through
+    cuMemHostGetDevicePointer) and managed memory, and writes them for the next kernel: natively it needs no
+    context. (PyTorch's test_copy_non_blocking read 94 % stale bytes so: its parallel loop's threads fetched
+    without one.)"""
+    n = 1 << 20
+    out, err = run_client("mirrored_read_from_a_host_thread", client_env(shim_dir, worker))
+    assert out == {
+        "pinned_read_in_a_thread": str(n), "pinned_after_thread_write": str(n),
+        "managed_read_in_a_thread": str(n), "managed_after_thread_write": str(n),
+    }  # fmt: skip
+    assert "could not fetch" not in err
+
+
 def test_a_synchronise_with_nothing_sent_since_the_last_completion_costs_no_round_trip(shim_dir, worker):
     """A read-back is a copy to pageable memory, then a synchronise of its stream; the copy
     came back with its bytes, so the synchronise has nothing to wait for, and natively returns at once.

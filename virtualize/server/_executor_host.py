@@ -1093,12 +1093,14 @@ class HostExecutor(Executor):
                 self.streams.discard(old)
 
     def copy_to_device(self, dst, count, stream, fill) -> None:
+        self._ctx()  # as the driver: a copy needs a current context (CUDA_ERROR_INVALID_CONTEXT)
         mem, off = self._span(dst, count)
         view = memoryview(mem)
         for start in range(0, count, CHUNK):
             fill(view[off + start : off + min(count, start + CHUNK)])
 
     def copy_from_device(self, src, count, stream, send) -> None:
+        self._ctx()
         mem, off = self._span(src, count)
         view = memoryview(mem)  # sent from where it lies, as the CUDA executor sends its staging buffer
         for start in range(0, count, CHUNK):

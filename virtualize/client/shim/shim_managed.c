@@ -41,7 +41,7 @@ enum { DEVICE = 0, CLEAN = 1, DIRTY = 2 };
  * it (whole pages, the data's own) are kept by page protection, chunk i being [lo + i * CHUNK, ...);
  * the bytes outside them (edges: [base, lo) and [lo + mapped, base + size)) by copies both ways. For
  * memory mapped at its device address lo == base == dev and there are no edges. */
-struct managed { uint64_t lo, mapped, base, size, dev; int kind; uint8_t *state; int edges_stale; };
+struct managed { uint64_t lo, mapped, base, size, dev; int kind; uint8_t *state; int edges_stale; uint64_t ctx; };
 static struct managed managed[MAX_MANAGED];
 static int n_managed;
 static pthread_mutex_t managed_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -110,6 +110,9 @@ static void data_of(const struct managed *m, uint64_t i, uint64_t j, uint64_t *f
 static CUresult move(struct managed *m, uint64_t from, uint64_t to, int to_device) {
     if (to <= from) return CUDA_SUCCESS;
     in_managed++;
+    /* In the context the memory was made in: the thread may have another current one, or none (a host thread
+     * that reads the memory, PyTorch's parallel loops among them, which natively need no context at all). */
+    int ok, pushed = m->ctx && gp_ctx_current() != m->ctx && gp_ctx_push(m->ctx) == 0;
     CUresult r;
     if (to_device) {
         struct gp_in_cuMemcpyHtoD_v2 in = {.dst = m->dev + (from - m->base), .count = to - from};
@@ -119,6 +122,7 @@ static CUresult move(struct managed *m, uint64_t from, uint64_t to, int to_devic
         r = gp_call(GP_CALL_cuMemcpyDtoH_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, (void *)from,
                     to - from);
     }
+    if (pushed) gp_ctx_pop(&ok);
     in_managed--;
     return r;
 }
@@ -266,6 +270,7 @@ static void install_handler(void) {
 /* A mirror of m's kind, unless the table is full or its pages are another mirror's (two registrations
  * sharing a page could not be told apart when it faults). */
 static int insert(struct managed m) {
+    m.ctx = gp_ctx_current(); /* where its device side was made: moves run there (move) */
     pthread_mutex_lock(&managed_lock);
     int rc = n_managed < MAX_MANAGED ? 0 : -1;
     for (int k = 0; rc == 0 && k < n_managed; k++)
@@ -294,7 +299,7 @@ int gp_managed_add(uint64_t base, uint64_t size, int kind) {
         free(state);
         return -1;
     }
-    if (insert((struct managed){base, mapped, base, size, base, kind, state, 0}) != 0) {
+    if (insert((struct managed){base, mapped, base, size, base, kind, state, 0, 0}) != 0) {
         mmap(p, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
         free(state);
         return -1;
@@ -327,7 +332,7 @@ int gp_mirror_host(uint64_t base, uint64_t size, uint64_t dev) {
     uint8_t *state = malloc(chunks ? chunks : 1);
     if (!state) return -1;
     memset(state, DIRTY, chunks);
-    if (insert((struct managed){mapped ? lo : base, mapped, base, size, dev, GP_MIRROR_HOST, state, 0}) != 0) {
+    if (insert((struct managed){mapped ? lo : base, mapped, base, size, dev, GP_MIRROR_HOST, state, 0, 0}) != 0) {
         free(state);
         return -1;
     }
