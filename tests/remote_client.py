@@ -1322,12 +1322,14 @@ def scenario_idle_synchronise():
 
 
 def scenario_trap_in_a_child_process():
-    """The parent holds 40 MiB with a value in it; a child process of the same lease asks for 40 MiB too,
-    then runs a kernel that asserts (CUDA_ERROR_ASSERT, sticky) and exits. Then the parent synchronises,
-    reads its value, launches, and asks for 60 MiB of the partition (64 MiB) once the child is gone."""
+    """The parent holds 5/8 of the partition (PARTITION_MIB, default 64) with a value in it; a child process of
+    the same lease asks for 5/8 too, then 1/4, then runs a kernel that asserts (CUDA_ERROR_ASSERT, sticky)
+    and exits. Then the parent synchronises, reads its value, launches, and asks for 15/16 of the partition
+    once the child is gone."""
     setup()
-    rc, mine = alloc(40 * MiB)
-    check(rc, "parent's 40 MiB")
+    partition = int(os.environ.get("PARTITION_MIB", "64")) * MiB
+    rc, mine = alloc(partition * 5 // 8)
+    check(rc, "parent's 5/8")
     check(cu.cuMemsetD32(c_u64(mine), 0x1234, c_u64(1)), "parent's value")
     child = subprocess.run(
         [sys.executable, __file__, "trap_child"], capture_output=True, text=True, timeout=60
@@ -1345,14 +1347,15 @@ def scenario_trap_in_a_child_process():
     say("parent_launch", cu.cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, c_u64(0), params, None))
     say("parent_sync_after_launch", cu.cuCtxSynchronize())
     check(cu.cuMemFree(c_u64(mine)), "free")
-    say("parent_60_mib", alloc(60 * MiB)[0])
+    say("parent_alloc_most", alloc(partition * 15 // 16)[0])
 
 
 def scenario_trap_child():
-    """trap_in_a_child_process's child: the partition's rest, then a kernel that asserts."""
+    """trap_in_a_child_process's child: more than the partition's rest, the rest, then a kernel that asserts."""
     setup()
-    say("alloc_40_mib", alloc(40 * MiB)[0])
-    say("alloc_16_mib", alloc(16 * MiB)[0])
+    partition = int(os.environ.get("PARTITION_MIB", "64")) * MiB
+    say("alloc_past_the_rest", alloc(partition * 5 // 8)[0])
+    say("alloc_a_quarter", alloc(partition // 4)[0])
     trap = module_function(b"trap")
     say("trap_launch", cu.cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None))
     say("sync_after_trap", cu.cuCtxSynchronize())

@@ -261,6 +261,9 @@ def test_clear_errors(pool, tmp_path):
         "run", "-n", "1", "-p", "0.5", "--", "true", env=env
     )  # remote, but the GPUs are simulated
     one_line_error(out.stderr, "no server of the pool runs remote leases", "simulated", "--local")
+    out = gpuattach("run", "-n", "1", "-p", "0.5", "--local", "--isolate", "--", "true", env=env)
+    assert out.returncode == 125
+    one_line_error(out.stderr, "--isolate is for remote runs")
     out = gpuattach("run", "-n", "1", "--local", "--", "no-such-command-xyz", env=env)
     assert out.returncode == 127 and "command not found" in out.stderr
     out = gpuattach("release", "lease-000000000000", env=env)

@@ -9,6 +9,7 @@ activity, a dying worker ending its lease.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -67,6 +68,30 @@ def test_gpuattach_run_executes_remotely_and_the_worker_goes_with_the_lease(serv
     assert got["count"] == "2" and got["total"] == str(2048 * MiB)  # the partition, not the 80 GB GPU
     assert "advisory" not in out.stderr
     wait_for(lambda: not workers_of(server), 10, what="the worker to stop with the lease")
+
+
+def test_gpuattach_run_isolate_gives_each_process_a_worker_that_goes_with_the_lease(server, tmp_path):
+    """`gpuattach run --isolate` through the pool server: a child process's device-side assert leaves its
+    parent working, the two share the lease's partition, and no worker process of the lease outlives it."""
+    env = client_env(tmp_path, [server.url], server.token("isolate-run"))
+    out = gpuattach("run", "--isolate", "-n", "1", "-m", "1280", "--", sys.executable, CLIENT,
+                    "trap_in_a_child_process", env={**env, "PARTITION_MIB": "1280"}, timeout=90)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert got["child_alloc_past_the_rest"] == "2" and got["child_sync_after_trap"] == "710", (
+        out.stdout + out.stderr
+    )
+    assert got["parent_sync"] == got["parent_sync_after_launch"] == "0" and got["parent_alloc_most"] == "0"
+
+    def lease_processes() -> list:
+        found = []
+        for p in psutil.Process(server.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE and "virtualize.server.worker" in " ".join(p.cmdline()):
+                    found.append(p)
+        return found
+
+    wait_for(lambda: not lease_processes(), 15, what="the lease's worker and its process workers to stop")
 
 
 def test_a_client_on_the_gpu_server_uses_the_local_socket_and_encrypts_when_told_to(server, tmp_path):

@@ -200,13 +200,15 @@ def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shi
     isolated, _ = run_client(
         "trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", GPUPOOL_SHIM_RING=ring)
     )
-    assert isolated["child_alloc_40_mib"] == "2"  # the parent's 40 MiB count: the partition is the lease's
-    assert isolated["child_alloc_16_mib"] == "0"
+    assert (
+        isolated["child_alloc_past_the_rest"] == "2"
+    )  # the parent's 5/8 count: the partition is the lease's
+    assert isolated["child_alloc_a_quarter"] == "0"
     assert isolated["child_sync_after_trap"] == "710"
     assert isolated["parent_sync"] == "0"
     assert isolated["parent_value"] == "0 34120000"
     assert isolated["parent_launch"] == isolated["parent_sync_after_launch"] == "0"
-    assert isolated["parent_60_mib"] == "0"  # the child's 16 MiB went with its worker
+    assert isolated["parent_alloc_most"] == "0"  # the child's quarter went with its worker
 
     shared, _ = run_client("trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_SHIM_RING=ring))
     assert shared["child_sync_after_trap"] == "710"

@@ -199,6 +199,9 @@ class ProcessWorkers:
                                    str(ready.get("tls_sha256", "")).encode())  # fmt: skip
 
     def _keep_spare(self) -> None:
+        with self.lock:
+            if self.stopping:
+                return
         try:
             spare = self._start()
         except OSError as exc:

@@ -672,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tls, fingerprint = _data_tls.server_context(Path(args.state_dir), args.lease)
     except _data_tls.TlsUnavailable as exc:
+        if process_worker:  # its lease's worker is gone, or going: nothing to serve
+            ready(error=str(exc))
+            return 2
         if not _data_tls.is_loopback(args.bind):
             ready(error=f"cannot encrypt the data connection: {exc}")
             return 2
