@@ -160,10 +160,14 @@ def test_a_rank_that_exits_holding_a_communicator_has_it_aborted_by_its_worker(s
     assert len(aborted) == 2 and all("virtualize.server.worker" in line for line in aborted), aborted
 
 
-def test_two_ranks_of_one_worker_each_block_only_their_own_connection_in_nccl_init(standin, tmp_path):
+@pytest.mark.parametrize("isolate", [False, True], ids=["one-worker", "isolate"])
+def test_two_ranks_of_one_worker_each_block_only_their_own_connection_in_nccl_init(
+    standin, tmp_path, isolate
+):
     """GPUPOOL_NCCL=forward on a one-server lease of two GPUs: both ranks' NCCL runs in the one worker, where
     rank 0's blocking ncclCommInitRank holds only its own connection while rank 1's connection goes on to
-    join it (a worker that ran one connection's call at a time would hang here), and the collectives agree."""
+    join it (a worker that ran one connection's call at a time would hang here), and the collectives agree.
+    Under --isolate each rank's NCCL runs in its own process worker, and the two connect to each other."""
     log = tmp_path / "standin.log"
     server = ServerProc(tmp_path / "s", "2xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host",
                         "GPUPOOL_WORKER_NCCL_LIBRARY": str(standin), "GPUPOOL_STANDIN_NCCL_LOG": str(log)})  # fmt: skip
@@ -175,8 +179,9 @@ def test_two_ranks_of_one_worker_each_block_only_their_own_connection_in_nccl_in
         env.update(GPUPOOL_NCCL="forward", NCCL_TEST_DIR=str(meet),
                    NCCL_TEST_QUERY_CALL=str(CALL_IDS[INTERNAL["gpNcclCommQuery"]]))  # fmt: skip
         out = gpuattach(
-            "run", "-n", "2", "-m", "1024", "--", sys.executable, "-c", LAUNCHER, env=env, timeout=120
-        )
+            "run", *(["--isolate"] if isolate else []), "-n", "2", "-m", "1024", "--", sys.executable, "-c",
+            LAUNCHER, env=env, timeout=120,
+        )  # fmt: skip
     finally:
         server.stop()
     assert out.returncode == 0, out.stderr
@@ -187,7 +192,9 @@ def test_two_ranks_of_one_worker_each_block_only_their_own_connection_in_nccl_in
         dict(re.findall(r"(\w+)=(\S+)", line), what=line.split()[0]) for line in log.read_text().splitlines()
     ]
     joined = [e for e in events if e["what"] in ("accepted", "connected")]
-    assert len(joined) == 2 and len({e["pid"] for e in joined}) == 1, events  # one worker, both ranks
+    assert len(joined) == 2 and len({e["pid"] for e in joined}) == (2 if isolate else 1), (
+        events
+    )  # the workers
 
 
 def test_a_bad_gpupool_nccl_value_fails_the_run_in_one_line(servers, tmp_path):
