@@ -80,12 +80,8 @@ class SharedUsage:
         return iter([self[d] for d in range(self.devices)])
 
     def elsewhere(self, device: int) -> int:
-        """What the lease's other workers use of `device` now."""
-        w, total = self.width, 0
-        for slot in range(SLOTS):
-            if slot != self.slot and self.words[slot * w]:
-                total += self.words[slot * w + self.FIRST + device]
-        return total
+        """What the lease's other workers use of `device` now (a free slot's words are all 0: `clear`)."""
+        return sum(self.words[self.FIRST + device :: self.width]) - self[device]
 
     def serving(self, pid: int) -> None:
         """This worker serves the process `pid` (on this host)."""
