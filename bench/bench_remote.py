@@ -397,6 +397,7 @@ def finish(results: dict, started: float, name: str) -> int:
     """The run's time, the results as JSON under $OUT (when set) as `name`."""
     results["seconds"] = time.monotonic() - started
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)  # a fresh $OUT: made, not a traceback
         Path(os.environ["OUT"], name).write_text(json.dumps(results, indent=2))
     print(f"\n(benchmark took {results['seconds']:.0f} s)")
     return 0
