@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tls, fingerprint = _data_tls.server_context(Path(args.state_dir), args.lease)
     except _data_tls.TlsUnavailable as exc:
-        if process_worker:  # its lease's worker is gone, or going: nothing to serve
+        if process_worker and not Path(args.state_dir).is_dir():  # its lease has ended: nothing to serve
             ready(error=str(exc))
             return 2
         if not _data_tls.is_loopback(args.bind):
