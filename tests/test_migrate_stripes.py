@@ -113,6 +113,11 @@ def two_executors(memory: list) -> tuple[HostExecutor, HostExecutor]:
     """A sending and a receiving host executor with `memory` mapped at the same addresses; the sender's filled
     with a pattern of its own per mapping, the receiver's zero."""
     source, target = HostExecutor([64 * MiB, 64 * MiB]), HostExecutor([64 * MiB, 64 * MiB])
+    for executor in (
+        source,
+        target,
+    ):  # this thread's copies below and in read_back need a context, as the driver's
+        executor.set_context(executor.cuDevicePrimaryCtxRetain(0))
     for i, (base, size, device) in enumerate(memory):
         for executor in (source, target):
             assert executor.reserve_addresses(size, base) == base
