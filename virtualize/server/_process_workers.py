@@ -16,8 +16,9 @@ a slot of one file every worker of the lease maps (`SharedUsage`), and an alloca
 lease's total does. Under MPS, the device-side assert of one client leaves the others working (measured
 on an H200: docs/remote.md, "Isolation"); an illegal address ends every client of that GPU, as MPS
 documents, so only a whole-GPU lease (no MPS) isolates that one.
-What is not shared across them (each says so when asked): CUDA IPC memory and event handles, exported
-pools and virtual-memory handles, NCCL between ranks on one lease, and a move to another GPU or server.
+What is not carried across them yet: CUDA IPC memory and event handles, exported pools and virtual-memory
+handles (opening one fails, and the shim says why), and a move to another GPU or server (refused). NCCL
+between ranks in different workers connects worker to worker, as under --spread.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class SharedUsage:
     def clear(self, slot: int) -> None:
         w = self.width
         for i in range(w):
-            self.words[slot * w + (w - 1 - i)] = 0  # the pid last: a reader never adds a half-cleared slot
+            self.words[slot * w + (w - 1 - i)] = 0  # the bytes first, the pid last
 
 
 def _alive(pid: int) -> bool:
