@@ -171,14 +171,14 @@ class ProcessWorkers:
             log.warning("a second process reached this process worker: it shares it, not isolated")
             return b"", b""
         try:
-            outs = self._hand_out(session.channel)
+            outs = self._hand_out(session.channel, session.peer_pid)
         except OSError as exc:  # no room for another process: served here, not isolated, and said so
             log.warning("no worker of its own for a new process (%s): it shares the lease's worker", exc)
             return b"", b""
         session.channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
         return ANSWERED
 
-    def _hand_out(self, channel) -> bytes:
+    def _hand_out(self, channel, client_pid: int) -> bytes:
         """A process worker for one new process (the spare, or one started now) and its MOVED_TO outs; a new
         spare is started behind it."""
         with self.lock:
@@ -189,9 +189,9 @@ class ProcessWorkers:
         with self.lock:
             self.children[proc.pid] = (proc, slot)
         threading.Thread(target=self._keep_spare, name="gpupool-spare-worker", daemon=True).start()
-        log.info(
-            "a new process of the lease gets a worker of its own (pid %d, port %d)", proc.pid, ready["port"]
-        )
+        who = f" (pid {client_pid}, this host)" if client_pid else ""
+        log.info("a new process of the lease%s gets a worker of its own (pid %d, port %d)", who, proc.pid,
+                 ready["port"])  # fmt: skip
         return _wire.MOVED_TO.pack(0, _where(channel, ready).encode(), str(ready.get("local", "")).encode(),
                                    str(ready.get("tls_sha256", "")).encode())  # fmt: skip
 
