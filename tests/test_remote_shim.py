@@ -324,6 +324,44 @@ def test_when_the_worker_dies_the_next_call_fails_and_says_why(shim_dir, worker)
     assert stderr.count("lost the connection to the lease's worker") == 1
 
 
+def test_with_isolate_a_process_worker_that_dies_ends_only_its_process(shim_dir, worker):
+    """Under GPUPOOL_ISOLATE a killed process worker is what a killed worker is to its one process (the next
+    call fails and says why, once); the lease's other process goes on, and a new process still gets a
+    worker of its own."""
+    import psutil
+
+    env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1")
+
+    def start():
+        proc = subprocess.Popen([sys.executable, str(CLIENT), "worker_dies"], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stdout.readline().strip() == "ready 1"
+        return proc
+
+    first, second = start(), start()  # the lease's worker serves the first; the second has its own
+
+    def process_workers() -> list:
+        return [p for p in psutil.Process(worker.pid).children() if "--process-of" in p.cmdline()]
+
+    deadline = time.monotonic() + 20
+    while len(process_workers()) < 2 and time.monotonic() < deadline:  # the second's, and the spare
+        time.sleep(0.05)
+    process_workers = process_workers()
+    assert len(process_workers) == 2
+    time.sleep(2)  # the spare has started and is waiting: a dead spare must not be handed out
+    for p in process_workers:
+        p.kill()
+    psutil.wait_procs(process_workers, timeout=10)
+    out, err = second.communicate("\n", timeout=30)
+    assert parse(out)["sync"] == parse(out)["again"] == "46"  # CUDA_ERROR_DEVICE_UNAVAILABLE
+    assert err.count("lost the connection to the lease's worker") == 1
+    out, err = first.communicate("\n", timeout=30)
+    assert parse(out)["memset"] == parse(out)["sync"] == "0"
+    third = start()
+    out, _ = third.communicate("\n", timeout=30)
+    assert parse(out)["memset"] == parse(out)["sync"] == "0"
+
+
 def test_a_c_program_links_against_the_shim(shim_dir, worker, tmp_path):
     source = tmp_path / "prog.c"
     source.write_text(
