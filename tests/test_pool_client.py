@@ -264,6 +264,11 @@ def test_clear_errors(pool, tmp_path):
     out = gpuattach("run", "-n", "1", "-p", "0.5", "--local", "--isolate", "--", "true", env=env)
     assert out.returncode == 125
     one_line_error(out.stderr, "--isolate is for remote runs")
+    lease = gpuattach("request", "-n", "1", "-p", "0.25", "--local", env=env).stdout.strip()
+    out = gpuattach("run", "--lease", lease, "--isolate", "--", "true", env=env)  # a --local lease: the same
+    assert out.returncode == 125
+    one_line_error(out.stderr, "--isolate is for remote runs", lease)
+    assert gpuattach("release", lease, env=env).returncode == 0
     out = gpuattach("run", "-n", "1", "--local", "--", "no-such-command-xyz", env=env)
     assert out.returncode == 127 and "command not found" in out.stderr
     out = gpuattach("release", "lease-000000000000", env=env)

@@ -619,6 +619,9 @@ def cmd_run(args) -> int:
             return _fail(f"lease {lease.id} is {lease.state}: {lease.reason}", "request a new lease")
         if lease.local:
             args.local = True  # a lease requested with --local runs the way it was requested
+            if args.isolate:
+                return _fail(f"--isolate is for remote runs: lease {lease.id} was requested with --local, "
+                             "where each process already has its own CUDA context")  # fmt: skip
         elif args.local and lease.remote:
             return _fail(
                 f"lease {lease.id} was requested for remote runs",

@@ -596,12 +596,15 @@ static int host_list(const char *base, nvmlDevice_t handle, host_process_t *out)
 /* gpupool's libcuda.so.1 in this process, where it is loaded and connected: what the lease holds of a device
  * now (gpupool_memory_in_use). NULL in a --local run, or before the program loaded CUDA. */
 static int (*lease_memory(void))(int, uint64_t *) {
-    void *fn = dlsym(RTLD_DEFAULT, "gpupool_memory_in_use");
+    static void *found; /* kept once found: the library stays loaded while the process uses CUDA */
+    void *fn = __atomic_load_n(&found, __ATOMIC_ACQUIRE);
+    if (fn) return (int (*)(int, uint64_t *))fn;
+    fn = dlsym(RTLD_DEFAULT, "gpupool_memory_in_use");
     if (!fn) { /* loaded privately (RTLD_LOCAL, as PyTorch and cuda-python load it): by its name */
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        fn = lib ? dlsym(lib, "gpupool_memory_in_use") : NULL;
-        if (lib) dlclose(lib);
+        fn = lib ? dlsym(lib, "gpupool_memory_in_use") : NULL; /* the handle is kept: it holds the library */
     }
+    if (fn) __atomic_store_n(&found, fn, __ATOMIC_RELEASE);
     return (int (*)(int, uint64_t *))fn;
 }
 
