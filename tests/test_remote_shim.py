@@ -1184,7 +1184,10 @@ def test_a_benchmark_harness_gets_its_elapsed_times_in_a_few_round_trips(shim_di
     assert out["recorded_again"] == "0,True"
     assert out["never_recorded"] == str(int(CUresult.NOT_READY))  # the host executor's answer for it
     assert out["destroyed"] == str(int(CUresult.INVALID_HANDLE))
-    assert profile_rows(err)["gpEventElapsedMany"]["waited"] <= 10  # round trips for 200+ elapsed times
+    # 204 elapsed times asked: one round trip each without the shim's batching, 5 with it; a few more when
+    # a kept answer was missed (the profile's "why not" rows say which), never near one each.
+    why_not = [line for line in err.splitlines() if "keep answers" in line or "cuEventElapsedTime" in line]
+    assert profile_rows(err)["gpEventElapsedMany"]["waited"] <= 25, why_not
 
 
 def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir, worker):
