@@ -31,14 +31,18 @@ class Staged(StagedCopy):
 
 
 def frames(sent: list[bytes]) -> list[tuple[int, bytes]]:
-    """(copy id, bytes) of each COPY_DATA frame written."""
+    """(copy id, bytes) of each COPY_DATA frame written, one or several frames a send."""
     out = []
-    for frame in sent:
-        result, outs_len, _ = _wire.REPLY.unpack_from(frame)
-        assert result == _wire.COPY_DATA
-        ident, error, _ = _wire.COPY_HEAD.unpack_from(frame, _wire.REPLY.size)
-        assert error == 0
-        out.append((ident, frame[_wire.REPLY.size + outs_len :]))
+    for written in sent:
+        at = 0
+        while at < len(written):
+            result, outs_len, bulk_len = _wire.REPLY.unpack_from(written, at)
+            assert result == _wire.COPY_DATA
+            ident, error, _ = _wire.COPY_HEAD.unpack_from(written, at + _wire.REPLY.size)
+            assert error == 0
+            start = at + _wire.REPLY.size + outs_len
+            out.append((ident, written[start : start + bulk_len]))
+            at = start + bulk_len
     return out
 
 
@@ -54,6 +58,30 @@ def test_a_copy_goes_once_it_is_done_and_the_count_covers_it():
     first.done.set()
     assert deliveries.flush(wait=True) == 2
     assert frames(callback) == [(2, b"two"), (1, b"one")]
+    deliveries.close()
+
+
+def test_copies_done_together_go_in_one_send_whole_in_order_and_each_counted():
+    """A data loader's batches finish together: their frames go out in one send (over TLS one flush, so
+    the client wakes once), each frame whole and in the order of the queue, each counted for the replies'
+    COPIES_SENT, and no copy's buffer goes back before its bytes are out."""
+    sends, outlet = [], threading.Lock()
+    staged = [Staged(bytes([k]) * (1000 + k)) for k in range(5)]
+
+    def send(*parts):
+        assert not any(s.released for s in staged)  # the bytes are still the copy's while they go out
+        sends.append(b"".join(map(bytes, parts)))
+        return True
+
+    deliveries = Deliveries(send, outlet)
+    with outlet:  # the delivery thread waits: all five are done before anything is sent
+        for k, copy in enumerate(staged):
+            copy.done.set()
+            deliveries.add(10 + k, copy)
+        assert deliveries.send_done() == 5
+    assert len(sends) == 1
+    assert frames(sends) == [(10 + k, bytes([k]) * (1000 + k)) for k in range(5)]
+    assert all(s.released for s in staged)
     deliveries.close()
 
 

@@ -44,6 +44,7 @@ log = logging.getLogger("gpupool.worker")
 
 PIECES_FROM = 2 << 20  # copies from this size go in pieces across the outlets
 PIECE_LEAST = 1 << 20  # and no piece is smaller than this (each costs a frame and a wake-up)
+BATCH_FRAMES = 64  # copies done together go out in one send, at most so many (3 pieces each: under IOV_MAX)
 MAX_OUTLETS = 9  # the callback connection and at most 8 delivery connections (the shim's GP_MAX_LANES)
 
 
@@ -136,19 +137,24 @@ class Deliveries:
                     # not land under them (a later copy into the same memory keeps its bytes, as natively)
                     count = _wire.COPIES_COUNT.pack(self.sent)
                     inline(_wire.REPLY.pack(_wire.COPIES_SENT, len(count), 0), count)
+                batch: list[tuple[tuple, _Copy]] = []
                 for c in done:
-                    self._deliver(c, inline)
+                    self._deliver(c, inline, batch)
+                self._send_batch(batch)
 
-    def _deliver(self, copy: _Copy, inline: Callable[..., None] | None) -> None:
-        """One frame (under `_sending`): the bytes, or the error the copy met."""
+    def _deliver(self, copy: _Copy, inline: Callable[..., None] | None, batch: list) -> None:
+        """One frame (under `_sending`): the bytes, or the error the copy met. A whole copy for the
+        callback connection joins `batch`, sent with the copies done with it (`_send_batch`)."""
         error, data = copy.error, b""
         if copy.staged is not None:
             try:
                 data = copy.staged.view()
             except CudaError as exc:
                 error = exc.code
+        batched = False
         try:
             if inline is None and not error and self._outlets and len(data) >= PIECES_FROM:
+                self._send_batch(batch)  # the copies before it land first
                 self._deliver_pieces(copy.ident, memoryview(data))
                 return
             if inline is None and self._pieces_landing:  # the pieces sent before land first (their order)
@@ -162,12 +168,28 @@ class Deliveries:
             if inline is not None:
                 inline(*frame)
                 return
-            if not self._send(*frame):
-                self.close()  # the client's process is gone
-            self.sent += 1
+            batch.append((frame, copy))
+            batched = True
+            if len(batch) >= BATCH_FRAMES:
+                self._send_batch(batch)
         finally:
-            if copy.staged is not None:
+            if copy.staged is not None and not batched:
                 copy.staged.release()
+
+    def _send_batch(self, batch: list[tuple[tuple, _Copy]]) -> None:
+        """The batched copies' frames in one send (over TLS one flush: the client wakes once for them),
+        each counted; their buffers go back once the frames are out."""
+        if not batch:
+            return
+        try:
+            if not self._send(*(part for frame, _ in batch for part in frame)):
+                self.close()  # the client's process is gone
+            self.sent += len(batch)
+        finally:
+            for _, copy in batch:
+                if copy.staged is not None:
+                    copy.staged.release()
+            batch.clear()
 
     def _deliver_pieces(self, ident: int, data: memoryview) -> None:
         """One copy as pieces on the callback connection and the outlets at once (under `_sending`); each

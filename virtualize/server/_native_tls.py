@@ -39,6 +39,7 @@ def _library() -> ctypes.CDLL | None:
         ("gpt_read", [p, p, u64], ctypes.c_long),
         ("gpt_read_all", [p, p, u64], i),
         ("gpt_write", [p, p, u64], i),
+        ("gpt_write_many", [p, p, p, ctypes.c_uint32], i),
         ("gpt_set_timeout", [p, i], None),
         ("gpt_version", [p], ctypes.c_char_p),
         ("gpt_free", [p], None),
@@ -143,6 +144,27 @@ class NativeTlsStream:
             address, keep = _address(view, len(view))
         with self._using() as ptr:
             failed = self.lib.gpt_write(ptr, address, len(view))
+        del keep
+        if failed:
+            raise ConnectionResetError("the client's connection failed while sending")
+
+    def sendall_many(self, views: list[memoryview]) -> None:
+        """Several pieces one after the other, flushed once: the client wakes once for a frame's header,
+        head and bytes, or for several frames, not once a piece."""
+        keep, addresses, lengths = [], (ctypes.c_void_p * len(views))(), (ctypes.c_uint64 * len(views))()
+        for k, view in enumerate(views):
+            if view.readonly:
+                data = (
+                    view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else view.tobytes()
+                )
+                keep.append(data)
+                addresses[k] = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+            else:
+                addresses[k], window = _address(view, len(view))
+                keep.append(window)
+            lengths[k] = len(view)
+        with self._using() as ptr:
+            failed = self.lib.gpt_write_many(ptr, addresses, lengths, len(views))
         del keep
         if failed:
             raise ConnectionResetError("the client's connection failed while sending")

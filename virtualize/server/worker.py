@@ -182,6 +182,8 @@ class Channel:
         if self.encrypted:  # no sendmsg over TLS: small replies go as one record
             if sum(map(len, views)) <= SMALL_REPLY_BYTES:
                 self.sock.sendall(b"".join(views))
+            elif hasattr(self.sock, "sendall_many"):  # TLS in C: the pieces' records, flushed once
+                self.sock.sendall_many(views)
             else:
                 for view in views:
                     self.sock.sendall(view)
