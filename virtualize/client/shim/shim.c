@@ -326,9 +326,7 @@ static int send_tls(struct iovec *iov, int n, int hold) {
         }
         return gp_tls_write(conn_ssl, c->joined, total);
     }
-    for (int i = 0; i < n; i++)
-        if (gp_tls_write(conn_ssl, iov[i].iov_base, iov[i].iov_len) < 0) return -1;
-    return 0;
+    return gp_tls_writev(conn_ssl, iov, n);
 }
 
 static int send_iov(struct iovec *iov, int n, int hold) {

@@ -86,6 +86,8 @@ int gp_auth_equal(const unsigned char *a, const unsigned char *b, size_t len);
  * failure. Reads return bytes read, 0 at the end, -1 on error; writes 0 or -1. */
 void *gp_tls_connect(int fd, const char *pin_hex, char *why, size_t why_len);
 int gp_tls_write(void *ssl, const void *buf, size_t len);
+struct iovec;
+int gp_tls_writev(void *ssl, const struct iovec *iov, int n);
 long gp_tls_read(void *ssl, void *buf, size_t len);
 int gp_tls_holds(const void *ssl); /* bytes OpenSSL has read and not handed out (a record begun, or more) */
 void gp_tls_free(void *ssl);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/uio.h>
 
 typedef const void *(*evp_md_fn)(void);
 typedef unsigned char *(*hmac_fn)(const void *md, const void *key, int key_len, const unsigned char *data,
@@ -233,7 +234,8 @@ void *gp_tls_connect(int fd, const char *pin_hex, char *why, size_t why_len) {
     return ssl;
 }
 
-int gp_tls_write(void *ssl, const void *buf, size_t len) {
+/* len bytes into records (in the write buffer when there is one, sent as it fills): 0, or -1. */
+static int write_records(void *ssl, const void *buf, size_t len) {
     const char *p = buf;
     while (len > 0) {
         int n = tls.write(ssl, (void *)p, len > (1u << 30) ? (1 << 30) : (int)len);
@@ -246,11 +248,27 @@ int gp_tls_write(void *ssl, const void *buf, size_t len) {
         p += n;
         len -= (size_t)n;
     }
+    return 0;
+}
+
+static int flush_records(void *ssl) {
     if (tls.buffered && tls.bio_ctrl(tls.get_wbio(ssl), BIO_CTRL_FLUSH, 0, NULL) <= 0) { /* all of it out */
         errno = EPIPE;
         return -1;
     }
     return 0;
+}
+
+int gp_tls_write(void *ssl, const void *buf, size_t len) {
+    return write_records(ssl, buf, len) < 0 ? -1 : flush_records(ssl);
+}
+
+/* A frame's pieces (its header, arguments and bulk) one after the other, flushed once: the worker's reader
+ * wakes once for the frame, not for a header sent on its own. */
+int gp_tls_writev(void *ssl, const struct iovec *iov, int n) {
+    for (int i = 0; i < n; i++)
+        if (iov[i].iov_len && write_records(ssl, iov[i].iov_base, iov[i].iov_len) < 0) return -1;
+    return flush_records(ssl);
 }
 
 long gp_tls_read(void *ssl, void *buf, size_t len) {
