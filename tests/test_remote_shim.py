@@ -5,6 +5,7 @@ cuda.bindings does), talking over TCP to a real worker process whose executor is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -360,6 +361,53 @@ def test_with_isolate_a_process_worker_that_dies_ends_only_its_process(shim_dir,
     third = start()
     out, _ = third.communicate("\n", timeout=30)
     assert parse(out)["memset"] == parse(out)["sync"] == "0"
+
+
+BURST_CLIENT = """
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_uint64(), ctypes.c_uint64()
+rcs = [cu.cuInit(0), cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), cu.cuCtxSetCurrent(ctx),
+       cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 20)), cu.cuMemsetD8_v2(ptr, 7, ctypes.c_size_t(1 << 20)),
+       cu.cuCtxSynchronize()]
+sys.exit(1 if any(rcs) else 0)
+"""
+
+
+def test_with_isolate_a_burst_of_processes_starts_a_worker_each_and_one_spare(shim_dir, worker):
+    """A test suite or a data loader starts many processes at once: each gets a worker of its own, and the
+    lease's worker keeps one spare started behind them, not one more per process (each start is a CUDA
+    initialisation on a GPU server). No worker is left but the spare once they have exited."""
+    import psutil
+
+    env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1")
+    holder = subprocess.Popen([sys.executable, str(CLIENT), "worker_dies"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "ready 1"  # served by the lease's worker itself
+    seen: set[int] = set()
+
+    def look() -> list:
+        found = []
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(worker.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    if "--process-of" in p.cmdline():
+                        found.append(p)
+        seen.update(p.pid for p in found)
+        return found
+
+    burst = 6
+    clients = [subprocess.Popen([sys.executable, "-c", BURST_CLIENT], env=env) for _ in range(burst)]
+    while any(c.poll() is None for c in clients):
+        look()
+        time.sleep(0.01)
+    assert [c.returncode for c in clients] == [0] * burst
+    deadline = time.monotonic() + 20
+    while len(look()) > 1 and time.monotonic() < deadline:  # their workers exit with them
+        time.sleep(0.05)
+    assert len(look()) == 1  # the spare, waiting for the next process
+    assert burst <= len(seen) <= burst + 1, seen  # a worker each, one spare behind them
+    holder.communicate("\n", timeout=30)
 
 
 def test_a_c_program_links_against_the_shim(shim_dir, worker, tmp_path):

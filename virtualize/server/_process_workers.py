@@ -147,6 +147,7 @@ class ProcessWorkers:
         self.served = None  # the Session of the one process this worker serves as isolated
         self.children: dict[int, tuple[subprocess.Popen, int]] = {}  # pid -> (process, slot): serving
         self.spare: tuple[subprocess.Popen, int, dict] | None = None  # started, waiting for a process
+        self.spare_starting = False  # one spare at a time: a burst of processes starts no burst of spares
         self.stopping = False
 
     def running(self) -> int:
@@ -197,13 +198,17 @@ class ProcessWorkers:
 
     def _keep_spare(self) -> None:
         with self.lock:
-            if self.stopping:
+            if self.stopping or self.spare is not None or self.spare_starting:
                 return
+            self.spare_starting = True
         try:
             spare = self._start()
         except OSError as exc:
             log.info("no spare process worker (%s): the next process waits for its worker to start", exc)
             return
+        finally:
+            with self.lock:
+                self.spare_starting = False
         with self.lock:
             if self.spare is None and not self.stopping:
                 self.spare, spare = spare, None

@@ -654,8 +654,12 @@ def main(argv: list[str] | None = None) -> int:
     kind = os.environ.get(EXECUTOR_ENV, "cuda")
 
     def ready(**answer) -> None:
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+        except OSError:  # whoever started this worker is gone (a spare started as its lease ended)
+            log.info("nobody reads this worker's ready line any more: it exits")
+            os._exit(2)
 
     if not secret:
         ready(error=f"{SECRET_ENV} is not set")
