@@ -14,10 +14,12 @@ from virtualize.server._executor import StagedCopy
 class Staged(StagedCopy):
     """A copy the test says is done (the worker's delivery thread waits for it meanwhile)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, order: object = None) -> None:
         self.data, self.done, self.released = data, threading.Event(), False
+        self.order, self.asked = order, 0
 
     def ready(self) -> bool:
+        self.asked += 1
         return self.done.is_set()
 
     def wait(self) -> None:
@@ -82,6 +84,28 @@ def test_copies_done_together_go_in_one_send_whole_in_order_and_each_counted():
     assert len(sends) == 1
     assert frames(sends) == [(10 + k, bytes([k]) * (1000 + k)) for k in range(5)]
     assert all(s.released for s in staged)
+    deliveries.close()
+
+
+def test_the_delivery_thread_asks_one_copy_a_stream_and_a_reply_asks_every_copy():
+    """Copies on one stream finish in order: the delivery thread's round asks only the first that is not
+    done (each question costs the driver a context switch and a query), while a round before a reply asks
+    every copy, since a stream's handle may name a newer stream after a destroy, whose copy is done."""
+    callback, outlet = [], threading.Lock()
+    deliveries = Deliveries(lambda *parts: callback.append(b"".join(map(bytes, parts))) or True, outlet)
+    queued = [Staged(bytes([k]), order=5) for k in range(4)]
+    with outlet:  # the delivery thread's own rounds wait: this test makes them
+        for k, copy in enumerate(queued):
+            deliveries.add(k, copy)
+        queued[3].done.set()  # the stream's handle now names a newer stream: its copy is done
+        asked = [c.asked for c in queued]
+        deliveries._send_done(None, quick=True)
+        assert [c.asked - a for c, a in zip(queued, asked, strict=True)] == [1, 0, 0, 0] and callback == []
+        assert deliveries.send_done() == 1  # before a reply: every copy asked, the done one sent
+        assert frames(callback) == [(3, bytes([3]))]
+    for copy in queued[:3]:
+        copy.done.set()
+    assert deliveries.flush(wait=True) == 4
     deliveries.close()
 
 

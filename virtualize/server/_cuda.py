@@ -347,6 +347,11 @@ class _StagedIn:
         return self._done.value == self.seq
 
 
+# The NULL stream, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: a value that names a context's or a thread's own
+# stream, so two copies with that value may be on different streams.
+_SPECIAL_STREAMS = (0, 1, 2)
+
+
 class _InFlight(StagedCopy):
     """A copy queued on a stream into a page-locked buffer, with an event and a mark behind it."""
 
@@ -360,6 +365,9 @@ class _InFlight(StagedCopy):
         self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
         self.error = 0
         self.done = False
+        handle = int(stream)
+        if handle not in _SPECIAL_STREAMS:  # a stream the program made: one queue, whichever thread asks
+            self.order = handle
         try:
             _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
             _ok(driver.cuEventRecord(self.event, stream))

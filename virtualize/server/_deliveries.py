@@ -103,31 +103,33 @@ class Deliveries:
                 self._thread = threading.Thread(target=self._run, name="gpupool-deliveries", daemon=True)
                 self._thread.start()
 
-    def flush(self, wait: bool = False, inline: Callable[..., None] | None = None) -> int:
+    def flush(self, wait: bool = False, inline: Callable[..., None] | None = None, quick: bool = False) -> int:
         """Send every copy that is done by now (`wait`: every copy queued, once it is done) on the
         callback connection — or, given `inline` (a reply's connection) while a host function is out, on
-        that. Returns how many frames the callback connection has carried, for the client to wait for."""
+        that. Returns how many frames the callback connection has carried, for the client to wait for.
+        `quick` (the delivery thread's own rounds, which nothing waits on): a copy behind one of its stream
+        that is not done is left for the next round unasked."""
         if wait:
             for copy in list(self._queue):
                 if copy.staged is not None:
                     copy.staged.wait()
         if self._outlet.acquire(blocking=inline is None):
             try:
-                return self.send_done()
+                return self._send_done(None, quick)
             finally:
                 self._outlet.release()
-        self._send_done(inline)
+        self._send_done(inline, quick)
         return self.sent
 
     def send_done(self) -> int:
         """`flush` on the callback connection, by a caller that holds `outlet`."""
         return self._send_done(None)
 
-    def _send_done(self, inline: Callable[..., None] | None) -> int:
+    def _send_done(self, inline: Callable[..., None] | None, quick: bool = False) -> int:
         with self._sending:
             while True:
                 with self._changed:
-                    done = [c for c in self._queue if c.staged is None or c.staged.ready()]
+                    done = self._done_now(quick)
                     for c in done:
                         self._queue.remove(c)
                 if not done:
@@ -141,6 +143,22 @@ class Deliveries:
                 for c in done:
                     self._deliver(c, inline, batch)
                 self._send_batch(batch)
+
+    def _done_now(self, quick: bool) -> list[_Copy]:
+        """The queued copies that are done by now (under `_changed`). `quick`: a copy behind one of its own
+        stream that is not done is not asked (with 16 copies in flight on one stream, one question a round,
+        not 16). Only where nothing waits on the answer: a stream's handle can be another stream's after a
+        destroy, so a reply's round asks every copy."""
+        done, waiting = [], set()
+        for c in self._queue:
+            order = None if c.staged is None or not quick else c.staged.order
+            if order is not None and order in waiting:
+                continue
+            if c.staged is None or c.staged.ready():
+                done.append(c)
+            elif order is not None:
+                waiting.add(order)
+        return done
 
     def _deliver(self, copy: _Copy, inline: Callable[..., None] | None, batch: list) -> None:
         """One frame (under `_sending`): the bytes, or the error the copy met. A whole copy for the
@@ -236,7 +254,7 @@ class Deliveries:
             try:
                 if head.staged is not None:
                     head.staged.wait()
-                self.flush()
+                self.flush(quick=True)
             except Exception:  # a bug here must not leave the client waiting for ever
                 log.exception("sending a copy to the client failed")
                 self.close()

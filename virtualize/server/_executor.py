@@ -341,6 +341,11 @@ class StagedCopy(abc.ABC):
     # once needs no copy of its own).
     transient = False
 
+    # Copies with the same key (not None) finish in the order they were queued: one stream's. While one of
+    # them is not ready, the later ones are not either, so the delivery thread need not ask (each ask costs
+    # driver calls).
+    order: object = None
+
     def release(self) -> None:  # noqa: B027 - optional hook: a buffer that is plain memory needs nothing
         """The bytes have been sent: the buffer may be reused."""
 
