@@ -103,7 +103,9 @@ class Deliveries:
                 self._thread = threading.Thread(target=self._run, name="gpupool-deliveries", daemon=True)
                 self._thread.start()
 
-    def flush(self, wait: bool = False, inline: Callable[..., None] | None = None, quick: bool = False) -> int:
+    def flush(
+        self, wait: bool = False, inline: Callable[..., None] | None = None, quick: bool = False
+    ) -> int:
         """Send every copy that is done by now (`wait`: every copy queued, once it is done) on the
         callback connection — or, given `inline` (a reply's connection) while a host function is out, on
         that. Returns how many frames the callback connection has carried, for the client to wait for.
