@@ -365,7 +365,7 @@ class _InFlight(StagedCopy):
         self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
         self.error = 0
         self.done = False
-        handle = int(stream)
+        handle = _int(stream)
         if handle not in _SPECIAL_STREAMS:  # a stream the program made: one queue, whichever thread asks
             self.order = handle
         try:
