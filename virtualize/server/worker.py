@@ -597,10 +597,10 @@ def make_executor(kind: str, devices: list[WorkerDevice]):
     raise ValueError(f"unknown executor {kind!r} (cuda or host)")
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, who: str) -> None:
     while True:
         if os.getppid() != parent:
-            log.warning("the pool server (pid %d) is gone; worker exits", parent)
+            log.warning("%s (pid %d) is gone; worker exits", who, parent)
             os._exit(3)
         time.sleep(1.0)
 
@@ -692,7 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     arrivals = socket.create_server((args.bind, 0), backlog=4) if args.receive else None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.parent:
-        threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
+        who = "the lease's worker" if process_worker else "the pool server"  # whoever started this one
+        threading.Thread(target=_watch_parent, args=(args.parent, who), daemon=True).start()
     log.info("listening on %s:%d, %d device(s), %s executor", host, port, len(devices), executor.name)
     lacks = executor.driver_lacks()
     if lacks:
