@@ -245,6 +245,27 @@ def scenario_events():
     say("destroyed_stream_sync", cu.cuStreamSynchronize(stream))
 
 
+def scenario_old_abis():
+    """The driver's old symbols called by name (`lib`, not cuGetProcAddress), as ctypes code and binaries
+    built before CUDA 4.0 call them, and asked of cuGetProcAddress at CUDA 3.0: those cuda.h gives a
+    forwarded ABI's parameters do what that ABI does; one with 32-bit device pointers (cuMemAlloc) is
+    refused."""
+    ctx = setup()
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    say("stream_destroy", lib.cuStreamDestroy(stream))
+    say("stream_after", cu.cuStreamSynchronize(stream))
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    say("event_destroy", Driver(3000).cuEventDestroy(event))  # the pre-4.0 ABI, looked up
+    say("event_after", cu.cuEventSynchronize(event))
+    popped = c_u64()
+    say("push", lib.cuCtxPushCurrent(ctx))
+    say("pop", lib.cuCtxPopCurrent(ctypes.byref(popped)))
+    say("popped_is_it", popped.value == ctx.value)
+    old_pointer = ctypes.c_uint32()
+    say("old_alloc", lib.cuMemAlloc(ctypes.byref(old_pointer), ctypes.c_uint32(4096)))
+
+
 def scenario_elapsed_many():
     """A benchmark harness's loop (triton's do_bench): 100 pairs of records on two streams, one
     synchronise, the elapsed time of every pair; then one pair recorded again, a pair never recorded, a

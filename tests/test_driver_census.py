@@ -155,3 +155,17 @@ def test_every_abi_version_of_the_call_table_is_one_the_headers_declare():
         if call.name in declared and call.since <= header_cuda and call.since not in declared[call.name]
     ]
     assert not wrong, f"ABI versions cudaTypedefs.h does not declare: {wrong}"
+
+
+def test_the_old_abis_served_as_forwarded_ones_are_those_cuda_h_declares_with_their_parameters():
+    """LEGACY_ABIS is cuda.h's list, not ours: every old ABI the header declares (for the driver's own build)
+    with the parameters of the versioned symbol its name now means, where that symbol is forwarded and the
+    old one is not in the table already. A new CUDA that adds one, or a table entry the header does not
+    back (an old ABI whose parameters differ would be called with the wrong arguments), fails here."""
+    cuda_h = _census.cuda_h_path()
+    assert cuda_h is not None, "no cuda.h: install the test extra (nvidia-cuda-runtime)"
+    derived = _census.legacy_same_abis(cuda_h.read_text())
+    assert ("cuMemAlloc", "cuMemAlloc_v2") not in derived.items()  # 32-bit pointers: the parameters differ
+    symbols = {c.symbol for c in CALLS}
+    expected = {old: new for old, new in derived.items() if new in symbols and old not in symbols}
+    assert dict(_census.LEGACY_ABIS) == expected

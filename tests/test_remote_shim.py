@@ -1218,6 +1218,25 @@ def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_
     assert "gpupool:" not in err
 
 
+def test_old_symbols_with_a_forwarded_abis_parameters_do_what_it_does(shim_dir, worker):
+    """Code that calls the driver's old symbols by name (ctypes, binaries built before CUDA 4.0) gets
+    cuStreamDestroy, cuEventDestroy, cuCtxPushCurrent and cuCtxPopCurrent served as their _v2 ABIs (cuda.h
+    declares both with the same parameters): the handles are gone afterwards, the context stack moves. An
+    old symbol whose parameters differ (cuMemAlloc's 32-bit pointer) is still refused, and says so."""
+    out, err = run_client("old_abis", client_env(shim_dir, worker))
+    assert out == {
+        "stream_destroy": "0",
+        "stream_after": str(int(CUresult.INVALID_HANDLE)),
+        "event_destroy": "0",
+        "event_after": str(int(CUresult.INVALID_HANDLE)),
+        "push": "0",
+        "pop": "0",
+        "popped_is_it": "True",
+        "old_alloc": str(int(CUresult.NOT_SUPPORTED)),
+    }
+    assert "cuMemAlloc is not forwarded" in err and "cuEventDestroy is not forwarded" not in err
+
+
 @pytest.mark.parametrize("transport", ["local socket", "tcp"])
 def test_a_benchmark_harness_gets_its_elapsed_times_in_a_few_round_trips(shim_dir, worker, transport):
     """do_bench's loop: 100 pairs of events recorded on two streams, one synchronise, then each pair's

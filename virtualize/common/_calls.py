@@ -1220,6 +1220,23 @@ CALLS: tuple[Call, ...] = (
 ALIASES: tuple[tuple[str, int, str], ...] = (
     ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),  # CUDA 12 gave it WithFlags' signature
 )
+# The oldest ABIs of forwarded calls, from before the table's oldest version of each, that cuda.h still
+# declares (under __CUDA_API_VERSION_INTERNAL) with the very parameters of a forwarded ABI: (the old
+# symbol, the forwarded one). The old symbol, called directly (ctypes, a binary built before CUDA 4.0) or
+# asked of cuGetProcAddress at an older version, runs the forwarded ABI: same arguments, the newer ABI's
+# meaning. Taken from the header by virtualize.common._census.legacy_same_abis; tests/test_driver_census.py
+# keeps the two in step. Old ABIs with other parameters (32-bit device pointers and sizes) stay refused.
+LEGACY_ABIS: tuple[tuple[str, str], ...] = (
+    ("cuCtxDestroy", "cuCtxDestroy_v2"),
+    ("cuCtxPopCurrent", "cuCtxPopCurrent_v2"),
+    ("cuCtxPushCurrent", "cuCtxPushCurrent_v2"),
+    ("cuEventDestroy", "cuEventDestroy_v2"),
+    ("cuLinkAddData", "cuLinkAddData_v2"),
+    ("cuLinkAddFile", "cuLinkAddFile_v2"),
+    ("cuLinkCreate", "cuLinkCreate_v2"),
+    ("cuMemHostRegister", "cuMemHostRegister_v2"),
+    ("cuStreamDestroy", "cuStreamDestroy_v2"),
+)
 # Newer ABIs of forwarded calls that are not forwarded themselves: (name, since, cuda.h's versioned
 # symbol). cuGetProcAddress asked for the name at that version or later hands out a refusal (the symbol's,
 # with its census reason), never the older ABI, whose parameters differ (cuda.bindings asks for these

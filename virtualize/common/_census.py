@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from virtualize.common._calls import ALIASES, CALLS, UNFORWARDED_ABIS, Call, Mode
+from virtualize.common._calls import ALIASES, CALLS, LEGACY_ABIS, UNFORWARDED_ABIS, Call, Mode
 from virtualize.common.errors import VirtualizeError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -221,6 +221,47 @@ def installed_header() -> Header:
     return parse_header(header_path().read_text(), f"cuda-bindings {major}, `cuda/bindings/cydriver.pxd`")
 
 
+LEGACY_SECTION = "#if defined(__CUDA_API_VERSION_INTERNAL)\n    #undef "
+C_DECLARATION = re.compile(r"CUresult\s+CUDAAPI\s+(cu\w+)\s*\(([^;]*?)\)\s*;", re.DOTALL)
+C_RENAME = re.compile(r"^#define\s+(cu\w+)\s+(cu\w+_v\d+)\s*$", re.MULTILINE)
+
+
+def _parameter_types(params: str) -> list[str]:
+    """A C parameter list's types, names dropped and spaces made even: `CUevent hEvent` -> `CUevent`."""
+    params = re.sub(r"/\*.*?\*/", "", params, flags=re.DOTALL)
+    types = []
+    for param in filter(None, (p.strip() for p in params.split(","))):
+        words = re.sub(r"\s*\*\s*", " * ", param).split()
+        types.append(" ".join(words[:-1] if len(words) > 1 and words[-1] != "*" else words))
+    return [] if types == ["void"] else types
+
+
+def legacy_same_abis(cuda_h: str) -> dict[str, str]:
+    """cuda.h's old ABIs (declared for the driver's own build, under __CUDA_API_VERSION_INTERNAL) whose
+    parameters are those of the versioned symbol the header now maps the name to: old name -> that symbol."""
+    at = cuda_h.find(LEGACY_SECTION)
+    if at < 0:
+        raise CensusError("this cuda.h declares no old ABIs (no __CUDA_API_VERSION_INTERNAL section)")
+    current = {}
+    for name, params in C_DECLARATION.findall(cuda_h[:at]):
+        current.setdefault(name, _parameter_types(params))
+    renamed = dict(C_RENAME.findall(cuda_h[:at]))
+    return {
+        name: renamed[name]
+        for name, params in C_DECLARATION.findall(cuda_h[at:])
+        if name in renamed and current.get(name) == _parameter_types(params)
+    }
+
+
+def cuda_h_path() -> Path | None:
+    """The cuda.h of the nvidia-cuda-runtime wheel (a test dependency), or None where it is not installed."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else ():
+        for found in sorted(Path(root).glob("cu*/include/cuda.h")):
+            return found
+    return None
+
+
 def _version(since: int) -> str:
     return f"{since // 1000}.{since % 1000 // 10}"
 
@@ -239,6 +280,8 @@ def abi_call(header: Header, name: str, calls: tuple[Call, ...]) -> Call | None:
 
 def _describe(call: Call, calls: tuple[Call, ...]) -> tuple[Verdict, str]:
     abis = ", ".join(f"`{c.symbol}` ({_version(c.since)})" for c in calls if c.name == call.name)
+    if any(old == call.name for old, _ in LEGACY_ABIS):  # the old symbol runs the forwarded ABI
+        abis = f"`{call.name}` (the old ABI: the same parameters), {abis}"
     if call.mode is Mode.LOCAL:
         return Verdict.CLIENT, f"{call.how}; ABIs {abis}"
     waits = "answered by the worker" if call.mode is Mode.REPLY else "sent without waiting"

@@ -22,6 +22,7 @@ from virtualize.common._calls import (
     EVENT_LAUNCH_ATTRIBUTES,
     FORWARDED_LAUNCH_ATTRIBUTES,
     HANDLE_TYPES,
+    LEGACY_ABIS,
     MEMO_GROUPS,
     NCCL_COLLECTIVES,
     NCCL_CONFIG_INTS,
@@ -314,10 +315,21 @@ def generate_bodies() -> str:
             f"GP_EXPORT {prototype(call).replace(base + '(', name + '(', 1)} {{ return {base}({args}); }}"
         )
     out.append("")
+    out.append(
+        "/* Old ABIs with the parameters of a forwarded one (LEGACY_ABIS): that one, under their name. */"
+    )
+    legacy = dict(LEGACY_ABIS)
+    for name, target in LEGACY_ABIS:
+        call = by_symbol[target]
+        args = ", ".join(p.name for p in call.params)
+        out.append(
+            f"GP_EXPORT {prototype(call).replace(target + '(', name + '(', 1)} {{ return {target}({args}); }}"
+        )
+    out.append("")
     out.append("/* Every other name the real driver exports: found by dlsym, refused when called. */")
     variants = {name for name, _ in per_thread_variants()}
     for name in unforwarded_symbols():
-        if name not in variants:
+        if name not in variants and name not in legacy:
             out.append(f'GP_EXPORT CUresult {name}(void) {{ return gp_unforwarded("{name}"); }}')
     out.append("")
     out.append(
@@ -347,7 +359,12 @@ def generate_bodies() -> str:
     oldest = {}
     for call in sorted((c for c in CALLS if c.symbol != "-"), key=lambda c: -c.since):
         oldest[call.name] = call
-    procs += [(name, 0, f'NULL, "{name}"') for name, call in oldest.items() if call.symbol != name]
+    # ... unless cuda.h gives that old ABI the parameters of a forwarded one (LEGACY_ABIS): then it is that.
+    procs += [
+        (name, 0, f"(void *){legacy[name]}, NULL" if name in legacy else f'NULL, "{name}"')
+        for name, call in oldest.items()
+        if call.symbol != name
+    ]
     for name, since, target in sorted(procs):
         out.append(f'    {{"{name}", {since}, {target}}},')
     out.append("};")

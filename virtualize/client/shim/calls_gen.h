@@ -2120,6 +2120,17 @@ GP_EXPORT CUresult cuStreamWriteValue32_v2_ptsz(uint64_t stream, uint64_t addr, 
 GP_EXPORT CUresult cuStreamWriteValue64_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWriteValue64(stream, addr, value, flags); }
 GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWriteValue64_v2(stream, addr, value, flags); }
 
+/* Old ABIs with the parameters of a forwarded one (LEGACY_ABIS): that one, under their name. */
+GP_EXPORT CUresult cuCtxDestroy(uint64_t ctx) { return cuCtxDestroy_v2(ctx); }
+GP_EXPORT CUresult cuCtxPopCurrent(uint64_t *ctx) { return cuCtxPopCurrent_v2(ctx); }
+GP_EXPORT CUresult cuCtxPushCurrent(uint64_t ctx) { return cuCtxPushCurrent_v2(ctx); }
+GP_EXPORT CUresult cuEventDestroy(uint64_t event) { return cuEventDestroy_v2(event); }
+GP_EXPORT CUresult cuLinkAddData(uint64_t state, int32_t type, void *data, uint64_t size, const char *name, uint32_t n, void *options, void *values) { return cuLinkAddData_v2(state, type, data, size, name, n, options, values); }
+GP_EXPORT CUresult cuLinkAddFile(uint64_t state, int32_t type, const char *path, uint32_t n, void *options, void *values) { return cuLinkAddFile_v2(state, type, path, n, options, values); }
+GP_EXPORT CUresult cuLinkCreate(uint32_t n, void *options, void *values, uint64_t *state) { return cuLinkCreate_v2(n, options, values, state); }
+GP_EXPORT CUresult cuMemHostRegister(void *p, uint64_t bytesize, uint32_t flags) { return cuMemHostRegister_v2(p, bytesize, flags); }
+GP_EXPORT CUresult cuStreamDestroy(uint64_t stream) { return cuStreamDestroy_v2(stream); }
+
 /* Every other name the real driver exports: found by dlsym, refused when called. */
 GP_EXPORT CUresult cuArray3DCreate(void) { return gp_unforwarded("cuArray3DCreate"); }
 GP_EXPORT CUresult cuArray3DGetDescriptor(void) { return gp_unforwarded("cuArray3DGetDescriptor"); }
@@ -2136,9 +2147,6 @@ GP_EXPORT CUresult cuCoredumpGetAttributeGlobal(void) { return gp_unforwarded("c
 GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCoredumpSetAttribute"); }
 GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
 GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
-GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
-GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurrent"); }
-GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
@@ -2154,7 +2162,6 @@ GP_EXPORT CUresult cuEGLStreamProducerConnect(void) { return gp_unforwarded("cuE
 GP_EXPORT CUresult cuEGLStreamProducerDisconnect(void) { return gp_unforwarded("cuEGLStreamProducerDisconnect"); }
 GP_EXPORT CUresult cuEGLStreamProducerPresentFrame(void) { return gp_unforwarded("cuEGLStreamProducerPresentFrame"); }
 GP_EXPORT CUresult cuEGLStreamProducerReturnFrame(void) { return gp_unforwarded("cuEGLStreamProducerReturnFrame"); }
-GP_EXPORT CUresult cuEventDestroy(void) { return gp_unforwarded("cuEventDestroy"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedBuffer(void) { return gp_unforwarded("cuExternalMemoryGetMappedBuffer"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return gp_unforwarded("cuExternalMemoryGetMappedMipmappedArray"); }
 GP_EXPORT CUresult cuGLCtxCreate(void) { return gp_unforwarded("cuGLCtxCreate"); }
@@ -2208,9 +2215,6 @@ GP_EXPORT CUresult cuGraphicsVDPAURegisterVideoSurface(void) { return gp_unforwa
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
-GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
-GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
-GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
@@ -2221,7 +2225,6 @@ GP_EXPORT CUresult cuMemGetAttribute_v2(void) { return gp_unforwarded("cuMemGetA
 GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("cuMemGetHandleForAddressRange"); }
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
-GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
@@ -2252,7 +2255,6 @@ GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
 GP_EXPORT CUresult cuStreamBeginCapture(void) { return gp_unforwarded("cuStreamBeginCapture"); }
 GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuStreamBeginCapture_ptsz"); }
-GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
 GP_EXPORT CUresult cuTexRefGetAddress(void) { return gp_unforwarded("cuTexRefGetAddress"); }
@@ -2330,7 +2332,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, NULL},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, NULL},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, NULL},
-    {"cuCtxDestroy", 0, NULL, "cuCtxDestroy"},
+    {"cuCtxDestroy", 0, (void *)cuCtxDestroy_v2, NULL},
     {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2, NULL},
     {"cuCtxDetach", 2000, (void *)cuCtxDetach, NULL},
     {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess, NULL},
@@ -2348,9 +2350,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit, NULL},
     {"cuCtxGetSharedMemConfig", 4020, (void *)cuCtxGetSharedMemConfig, NULL},
     {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange, NULL},
-    {"cuCtxPopCurrent", 0, NULL, "cuCtxPopCurrent"},
+    {"cuCtxPopCurrent", 0, (void *)cuCtxPopCurrent_v2, NULL},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2, NULL},
-    {"cuCtxPushCurrent", 0, NULL, "cuCtxPushCurrent"},
+    {"cuCtxPushCurrent", 0, (void *)cuCtxPushCurrent_v2, NULL},
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2, NULL},
     {"cuCtxRecordEvent", 12050, (void *)cuCtxRecordEvent, NULL},
     {"cuCtxResetPersistingL2Cache", 11000, (void *)cuCtxResetPersistingL2Cache, NULL},
@@ -2405,7 +2407,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceUnregisterAsyncNotification", 12040, (void *)cuDeviceUnregisterAsyncNotification, NULL},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, NULL},
     {"cuEventCreate", 2000, (void *)cuEventCreate, NULL},
-    {"cuEventDestroy", 0, NULL, "cuEventDestroy"},
+    {"cuEventDestroy", 0, (void *)cuEventDestroy_v2, NULL},
     {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2, NULL},
     {"cuEventElapsedTime", 2000, (void *)cuEventElapsedTime, NULL},
     {"cuEventElapsedTime", 12080, (void *)cuEventElapsedTime_v2, NULL},
@@ -2558,12 +2560,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData, NULL},
     {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile, NULL},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload, NULL},
-    {"cuLinkAddData", 0, NULL, "cuLinkAddData"},
+    {"cuLinkAddData", 0, (void *)cuLinkAddData_v2, NULL},
     {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2, NULL},
-    {"cuLinkAddFile", 0, NULL, "cuLinkAddFile"},
+    {"cuLinkAddFile", 0, (void *)cuLinkAddFile_v2, NULL},
     {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2, NULL},
     {"cuLinkComplete", 5050, (void *)cuLinkComplete, NULL},
-    {"cuLinkCreate", 0, NULL, "cuLinkCreate"},
+    {"cuLinkCreate", 0, (void *)cuLinkCreate_v2, NULL},
     {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2, NULL},
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy, NULL},
     {"cuLogicalEndpointAddDevice", 13030, (void *)cuLogicalEndpointAddDevice, NULL},
@@ -2617,7 +2619,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemHostGetDevicePointer", 0, NULL, "cuMemHostGetDevicePointer"},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2, NULL},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags, NULL},
-    {"cuMemHostRegister", 0, NULL, "cuMemHostRegister"},
+    {"cuMemHostRegister", 0, (void *)cuMemHostRegister_v2, NULL},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2, NULL},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister, NULL},
     {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle, NULL},
@@ -2764,7 +2766,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes, NULL},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate, NULL},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority, NULL},
-    {"cuStreamDestroy", 0, NULL, "cuStreamDestroy"},
+    {"cuStreamDestroy", 0, (void *)cuStreamDestroy_v2, NULL},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2, NULL},
     {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture, NULL},
     {"cuStreamGetAttribute", 11000, (void *)cuStreamGetAttribute, NULL},
