@@ -262,6 +262,10 @@ def scenario_old_abis():
     say("push", lib.cuCtxPushCurrent(ctx))
     say("pop", lib.cuCtxPopCurrent(ctypes.byref(popped)))
     say("popped_is_it", popped.value == ctx.value)
+    created = c_u64()
+    say("create", lib.cuCtxCreate(ctypes.byref(created), 0, 0))
+    say("destroy", lib.cuCtxDestroy(created))
+    check(cu.cuCtxSetCurrent(ctx), "set current")
     old_pointer = ctypes.c_uint32()
     say("old_alloc", lib.cuMemAlloc(ctypes.byref(old_pointer), ctypes.c_uint32(4096)))
 

@@ -1220,8 +1220,9 @@ def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_
 
 def test_old_symbols_with_a_forwarded_abis_parameters_do_what_it_does(shim_dir, worker):
     """Code that calls the driver's old symbols by name (ctypes, binaries built before CUDA 4.0) gets
-    cuStreamDestroy, cuEventDestroy, cuCtxPushCurrent and cuCtxPopCurrent served as their _v2 ABIs (cuda.h
-    declares both with the same parameters): the handles are gone afterwards, the context stack moves. An
+    cuCtxCreate, cuCtxDestroy, cuStreamDestroy, cuEventDestroy, cuCtxPushCurrent and cuCtxPopCurrent served
+    as their _v2 ABIs (cuda.h declares both with the same parameters): the handles are gone afterwards, the
+    context stack moves. An
     old symbol whose parameters differ (cuMemAlloc's 32-bit pointer) is still refused, and says so."""
     out, err = run_client("old_abis", client_env(shim_dir, worker))
     assert out == {
@@ -1232,6 +1233,8 @@ def test_old_symbols_with_a_forwarded_abis_parameters_do_what_it_does(shim_dir, 
         "push": "0",
         "pop": "0",
         "popped_is_it": "True",
+        "create": "0",
+        "destroy": "0",
         "old_alloc": str(int(CUresult.NOT_SUPPORTED)),
     }
     assert "cuMemAlloc is not forwarded" in err and "cuEventDestroy is not forwarded" not in err

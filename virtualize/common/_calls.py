@@ -1221,12 +1221,13 @@ ALIASES: tuple[tuple[str, int, str], ...] = (
     ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),  # CUDA 12 gave it WithFlags' signature
 )
 # The oldest ABIs of forwarded calls, from before the table's oldest version of each, that cuda.h still
-# declares (under __CUDA_API_VERSION_INTERNAL) with the very parameters of a forwarded ABI: (the old
-# symbol, the forwarded one). The old symbol, called directly (ctypes, a binary built before CUDA 4.0) or
+# declares (under __CUDA_API_VERSION_INTERNAL) with the very parameters of a forwarded ABI of the name: (the
+# old symbol, the oldest such forwarded one). The old symbol, called directly (ctypes, a binary built before CUDA 4.0) or
 # asked of cuGetProcAddress at an older version, runs the forwarded ABI: same arguments, the newer ABI's
 # meaning. Taken from the header by virtualize.common._census.legacy_same_abis; tests/test_driver_census.py
 # keeps the two in step. Old ABIs with other parameters (32-bit device pointers and sizes) stay refused.
 LEGACY_ABIS: tuple[tuple[str, str], ...] = (
+    ("cuCtxCreate", "cuCtxCreate_v2"),
     ("cuCtxDestroy", "cuCtxDestroy_v2"),
     ("cuCtxPopCurrent", "cuCtxPopCurrent_v2"),
     ("cuCtxPushCurrent", "cuCtxPushCurrent_v2"),

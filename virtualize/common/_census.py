@@ -238,19 +238,33 @@ def _parameter_types(params: str) -> list[str]:
 
 def legacy_same_abis(cuda_h: str) -> dict[str, str]:
     """cuda.h's old ABIs (declared for the driver's own build, under __CUDA_API_VERSION_INTERNAL) whose
-    parameters are those of the versioned symbol the header now maps the name to: old name -> that symbol."""
+    parameters are those of a versioned symbol of the same name: old name -> the oldest such symbol (the
+    one the name now means, `#define cuEventDestroy cuEventDestroy_v2`, or an older one the header still
+    declares, cuCtxCreate_v2 where cuCtxCreate now means cuCtxCreate_v4)."""
     at = cuda_h.find(LEGACY_SECTION)
     if at < 0:
         raise CensusError("this cuda.h declares no old ABIs (no __CUDA_API_VERSION_INTERNAL section)")
-    current = {}
-    for name, params in C_DECLARATION.findall(cuda_h[:at]):
-        current.setdefault(name, _parameter_types(params))
-    renamed = dict(C_RENAME.findall(cuda_h[:at]))
-    return {
-        name: renamed[name]
-        for name, params in C_DECLARATION.findall(cuda_h[at:])
-        if name in renamed and current.get(name) == _parameter_types(params)
-    }
+    versioned: dict[str, list[str]] = {}  # a versioned symbol -> its parameter types
+    for name, params in C_DECLARATION.findall(cuda_h):
+        if re.search(r"_v\d+$", name):
+            versioned.setdefault(name, _parameter_types(params))
+    for plain, symbol in C_RENAME.findall(cuda_h[:at]):  # the name as the header now declares it
+        for name, params in C_DECLARATION.findall(cuda_h[:at]):
+            if name == plain:
+                versioned.setdefault(symbol, _parameter_types(params))
+                break
+    same = {}
+    for name, params in C_DECLARATION.findall(cuda_h[at:]):
+        if re.search(r"_v\d+$", name):
+            continue
+        matches = [
+            symbol
+            for symbol, types in versioned.items()
+            if re.fullmatch(re.escape(name) + r"_v\d+", symbol) and types == _parameter_types(params)
+        ]
+        if matches:
+            same[name] = min(matches, key=lambda symbol: int(symbol.rsplit("_v", 1)[1]))
+    return same
 
 
 def cuda_h_path() -> Path | None:

@@ -2121,6 +2121,7 @@ GP_EXPORT CUresult cuStreamWriteValue64_ptsz(uint64_t stream, uint64_t addr, uin
 GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWriteValue64_v2(stream, addr, value, flags); }
 
 /* Old ABIs with the parameters of a forwarded one (LEGACY_ABIS): that one, under their name. */
+GP_EXPORT CUresult cuCtxCreate(uint64_t *ctx, uint32_t flags, int32_t dev) { return cuCtxCreate_v2(ctx, flags, dev); }
 GP_EXPORT CUresult cuCtxDestroy(uint64_t ctx) { return cuCtxDestroy_v2(ctx); }
 GP_EXPORT CUresult cuCtxPopCurrent(uint64_t *ctx) { return cuCtxPopCurrent_v2(ctx); }
 GP_EXPORT CUresult cuCtxPushCurrent(uint64_t ctx) { return cuCtxPushCurrent_v2(ctx); }
@@ -2146,7 +2147,6 @@ GP_EXPORT CUresult cuCoredumpGetAttribute(void) { return gp_unforwarded("cuCored
 GP_EXPORT CUresult cuCoredumpGetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpGetAttributeGlobal"); }
 GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCoredumpSetAttribute"); }
 GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
-GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
@@ -2328,7 +2328,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuArrayGetPlane", 11020, (void *)cuArrayGetPlane, NULL},
     {"cuArrayGetSparseProperties", 11010, (void *)cuArrayGetSparseProperties, NULL},
     {"cuCtxAttach", 2000, (void *)cuCtxAttach, NULL},
-    {"cuCtxCreate", 0, NULL, "cuCtxCreate"},
+    {"cuCtxCreate", 0, (void *)cuCtxCreate_v2, NULL},
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, NULL},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, NULL},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, NULL},
