@@ -8,6 +8,7 @@
  * address, kernel parameters are packed at the offsets the worker reported once per function, and
  * module images are measured before sending. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -103,7 +104,19 @@ static const char *refusal_of(const char *name) {
     end = strrchr(base, '_');
     if (end && end[1] == 'v' && end[2] >= '0' && end[2] <= '9') *end = 0;
     if ((why = refusal_in_census(base)) != NULL) return why;
-    if (lookup_abi(base, 1 << 30)) return "an ABI version of a forwarded call that is not forwarded";
+    const struct gp_proc *newest = lookup_abi(base, 1 << 30);
+    if (newest) {
+        /* an old ABI whose parameters differ (32-bit device pointers and sizes): say which one to call */
+        static __thread char why_buf[512];
+        Dl_info info;
+        if (!strcmp(name, base) && newest->fn && dladdr(newest->fn, &info) && info.dli_sname &&
+            strcmp(info.dli_sname, name) != 0) { /* the plain name: the oldest ABI */
+            snprintf(why_buf, sizeof why_buf, "an old ABI of %s with other parameters; call %s, which cuda.h's %s "
+                     "means", base, info.dli_sname, base);
+            return why_buf;
+        }
+        return "an ABI version of a forwarded call that is not forwarded";
+    }
     return "not an entry point of cuda.h";
 }
 
