@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import re
-from pathlib import Path
 
 import pytest
 
@@ -127,16 +126,12 @@ def test_the_built_shim_does_what_the_census_says(entries):
 
 def _typedefs() -> tuple[str, int]:
     """cudaTypedefs.h and its CUDA version, from the nvidia-cuda-runtime wheel (the test extra installs it)."""
-    import nvidia
-
-    for root in nvidia.__path__:
-        for include in sorted(Path(root).glob("cu*/include")):
-            typedefs, cuda_h = include / "cudaTypedefs.h", include / "cuda.h"
-            if typedefs.exists() and cuda_h.exists():
-                version = re.search(r"#define CUDA_VERSION (\d+)", cuda_h.read_text())
-                assert version, f"{cuda_h} names no CUDA_VERSION"
-                return typedefs.read_text(), int(version.group(1))
-    raise AssertionError("no cudaTypedefs.h: install the test extra (nvidia-cuda-runtime)")
+    cuda_h = _census.cuda_h_path()
+    typedefs = cuda_h.parent / "cudaTypedefs.h" if cuda_h else None
+    assert typedefs and typedefs.exists(), "no cudaTypedefs.h: install the test extra (nvidia-cuda-runtime)"
+    version = re.search(r"#define CUDA_VERSION (\d+)", cuda_h.read_text())
+    assert version, f"{cuda_h} names no CUDA_VERSION"
+    return typedefs.read_text(), int(version.group(1))
 
 
 def test_every_abi_version_of_the_call_table_is_one_the_headers_declare():

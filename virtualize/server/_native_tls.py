@@ -84,6 +84,15 @@ def _address(buffer, nbytes: int) -> tuple[int, object]:
     return ctypes.addressof(window), window
 
 
+def _readable_address(view: memoryview) -> tuple[int, object]:
+    """The address of bytes C only reads, and what keeps them alive: bytes where they are, a writable
+    buffer's own memory, a copy of any other read-only view."""
+    if not view.readonly:
+        return _address(view, len(view))
+    keep = view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else view.tobytes()
+    return ctypes.cast(ctypes.c_char_p(keep), ctypes.c_void_p).value, keep
+
+
 class NativeTlsStream:
     """An accepted connection after the server's handshake in C. It offers what the worker uses of a
     socket (recv_into, recv_into_all, sendall, settimeout, version, fileno, close) and hands the native
@@ -137,11 +146,7 @@ class NativeTlsStream:
         view = memoryview(data).cast("B")
         if not len(view):
             return
-        if view.readonly:  # bytes are read where they are; a read-only view of something else, copied
-            keep = data if isinstance(data, bytes) else view.tobytes()
-            address = ctypes.cast(ctypes.c_char_p(keep), ctypes.c_void_p).value
-        else:
-            address, keep = _address(view, len(view))
+        address, keep = _readable_address(view)
         with self._using() as ptr:
             failed = self.lib.gpt_write(ptr, address, len(view))
         del keep
@@ -153,15 +158,8 @@ class NativeTlsStream:
         head and bytes, or for several frames, not once a piece."""
         keep, addresses, lengths = [], (ctypes.c_void_p * len(views))(), (ctypes.c_uint64 * len(views))()
         for k, view in enumerate(views):
-            if view.readonly:
-                data = (
-                    view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else view.tobytes()
-                )
-                keep.append(data)
-                addresses[k] = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-            else:
-                addresses[k], window = _address(view, len(view))
-                keep.append(window)
+            addresses[k], kept = _readable_address(view)
+            keep.append(kept)
             lengths[k] = len(view)
         with self._using() as ptr:
             failed = self.lib.gpt_write_many(ptr, addresses, lengths, len(views))
