@@ -198,9 +198,10 @@ def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shi
     natively; the two workers still share the lease's partition, and the child's memory is the lease's
     again once it has exited. Without it, the child and its parent share one context, and the assert is
     the parent's too."""
-    isolated, _ = run_client(
+    isolated, isolated_err = run_client(
         "trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", GPUPOOL_SHIM_RING=ring)
     )
+    assert "--isolate` gives each process" not in isolated_err  # isolated: the fault is the child's, as natively
     assert (
         isolated["child_alloc_past_the_rest"] == "2"
     )  # the parent's 5/8 count: the partition is the lease's
@@ -211,9 +212,11 @@ def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shi
     assert isolated["parent_launch"] == isolated["parent_sync_after_launch"] == "0"
     assert isolated["parent_alloc_most"] == "0"  # the child's quarter went with its worker
 
-    shared, _ = run_client("trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_SHIM_RING=ring))
+    shared, err = run_client("trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_SHIM_RING=ring))
     assert shared["child_sync_after_trap"] == "710"
     assert shared["parent_sync"] == "710"
+    # each process that meets the shared context's fault is told why, and the way out (once each)
+    assert err.count("gpuattach run --isolate` gives each process a context of its own") == 2
 
 
 def test_with_isolate_ipc_handles_of_another_process_fail_and_say_why(shim_dir, worker):

@@ -85,8 +85,11 @@ static void shm_after_fork_in_child(void);
 static void lanes_after_fork_in_child(void);
 static void held_after_fork_in_child(void);
 
+static int context_hint_said; /* shared_context_hint: once a process */
+
 static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
+    context_hint_said = 0;
     if (main_conn.fd >= 0) close(main_conn.fd);
     main_conn.fd = -1;
     ring_drop(); /* the parent's ring: its worker connection's bytes, not ours */
@@ -829,6 +832,21 @@ static int ring_wanted(void) {
     return env && *env && strcmp(env, "0") != 0;
 }
 
+/* The errors after which a CUDA context is unusable (a kernel's fault): ILLEGAL_ADDRESS, LAUNCH_TIMEOUT, ASSERT,
+ * HARDWARE_STACK_ERROR, ILLEGAL_INSTRUCTION, MISALIGNED_ADDRESS, INVALID_ADDRESS_SPACE, INVALID_PC, LAUNCH_FAILED. */
+static int is_context_fault(CUresult r) { return r == 700 || r == 702 || r == 710 || (r >= 714 && r <= 719); }
+
+static int isolate_wanted(void);
+
+/* Without --isolate the lease's processes share one context on the GPU server, so a kernel fault in one is
+ * every one's from then on, where natively it is only the faulting process's: said once, with the way out. */
+static void shared_context_hint(CUresult r) {
+    if (isolate_wanted() || __atomic_exchange_n(&context_hint_said, 1, __ATOMIC_RELAXED)) return;
+    gp_say("CUDA error %d ends the context this lease's processes share on the GPU server: every process of the run "
+           "gets it from now on, where natively only the faulting one would; `gpuattach run --isolate` gives each "
+           "process a context of its own (docs/remote.md, \"Isolation\")", (int)r);
+}
+
 /* GPUPOOL_ISOLATE=1 (gpuattach run --isolate): this process runs in a worker process of its own, so a fault of
  * its kernels (a device-side assert) ends its own context only, as natively (virtualize/server/_process_workers.py). */
 static int isolate_wanted(void) {
@@ -1038,6 +1056,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
     pthread_mutex_unlock(&conn_lock);
+    if (is_context_fault(r)) shared_context_hint(r);
     /* after the program's cuInit its calls go to the worker even when it failed: a lease that cannot be
      * reached keeps answering why (NO_DEVICE, NOT_PERMITTED), not NOT_INITIALIZED */
     if (call == GP_CALL_cuInit) __atomic_store_n(&program_initialized, 1, __ATOMIC_RELEASE);
