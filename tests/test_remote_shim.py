@@ -201,7 +201,9 @@ def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shi
     isolated, isolated_err = run_client(
         "trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", GPUPOOL_SHIM_RING=ring)
     )
-    assert "--isolate` gives each process" not in isolated_err  # isolated: the fault is the child's, as natively
+    assert (
+        "--isolate` gives each process" not in isolated_err
+    )  # isolated: the fault is the child's, as natively
     assert (
         isolated["child_alloc_past_the_rest"] == "2"
     )  # the parent's 5/8 count: the partition is the lease's
