@@ -180,7 +180,52 @@ def main() -> int:
     ok(cu.cuMemFree(x))
     ok(cu.cuMemFree(y))
     texture_references(n)
+    old_abis(ctx)
     return 0
+
+
+def old_abis(ctx) -> None:
+    """The driver's pre-4.0 symbols called by name, as ctypes tools and old binaries call them: those cuda.h
+    gives a current ABI's parameters (issue 25's LEGACY_ABIS) do what that ABI does."""
+    vp, u64p = ctypes.c_void_p, ctypes.POINTER(U64)
+    for name, args in {
+        "cuStreamDestroy": (U64,),
+        "cuEventDestroy": (U64,),
+        "cuCtxPushCurrent": (U64,),
+        "cuCtxPopCurrent": (u64p,),
+        "cuCtxCreate": (u64p, U32, I32),
+        "cuCtxDestroy": (U64,),
+        "cuMemHostRegister": (vp, ctypes.c_size_t, U32),
+    }.items():
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int
+    stream, event = ok(cu.cuStreamCreate(0)), ok(cu.cuEventCreate(0))
+    print("old cuStreamDestroy", lib.cuStreamDestroy(int(stream)))
+    print("old cuEventDestroy", lib.cuEventDestroy(int(event)))
+    popped = U64()
+    print(
+        "old cuCtxPushCurrent",
+        lib.cuCtxPushCurrent(int(ctx)),
+        "pop",
+        lib.cuCtxPopCurrent(ctypes.byref(popped)),
+        popped.value == int(ctx),
+    )
+    created = U64()
+    print(
+        "old cuCtxCreate",
+        lib.cuCtxCreate(ctypes.byref(created), 0, 0),
+        "destroy",
+        lib.cuCtxDestroy(created.value),
+    )
+    ok(cu.cuCtxSetCurrent(ctx))
+    page = ctypes.create_string_buffer(1 << 16)
+    print(
+        "old cuMemHostRegister",
+        lib.cuMemHostRegister(ctypes.addressof(page), 1 << 16, 0),
+        "registered:",
+        cu.cuMemHostGetFlags(ctypes.addressof(page))[0].name,
+    )
+    ok(cu.cuMemHostUnregister(ctypes.addressof(page)))
 
 
 if __name__ == "__main__":
