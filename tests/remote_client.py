@@ -248,8 +248,9 @@ def scenario_events():
 def scenario_old_abis():
     """The driver's old symbols called by name (`lib`, not cuGetProcAddress), as ctypes code and binaries
     built before CUDA 4.0 call them, and asked of cuGetProcAddress at CUDA 3.0: those cuda.h gives a
-    forwarded ABI's parameters do what that ABI does; one with 32-bit device pointers (cuMemAlloc) is
-    refused."""
+    forwarded ABI's parameters do what that ABI does, the old cuCtxPushCurrent refusing the context current
+    to the thread as the driver does; cuMemAlloc (32-bit device pointers) and cuCtxCreate (a 3.1-API
+    context) are refused."""
     ctx = setup()
     stream, event = c_u64(), c_u64()
     check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
@@ -259,11 +260,16 @@ def scenario_old_abis():
     say("event_destroy", Driver(3000).cuEventDestroy(event))  # the pre-4.0 ABI, looked up
     say("event_after", cu.cuEventSynchronize(event))
     popped = c_u64()
-    say("push", lib.cuCtxPushCurrent(ctx))
+    say("push_current", lib.cuCtxPushCurrent(ctx))  # pre-4.0: the context current here is not pushed again
     say("pop", lib.cuCtxPopCurrent(ctypes.byref(popped)))
     say("popped_is_it", popped.value == ctx.value)
+    say("push_floating", lib.cuCtxPushCurrent(ctx))
+    current = c_u64()
+    check(cu.cuCtxGetCurrent(ctypes.byref(current)), "current")
+    say("pushed_is_current", current.value == ctx.value)
     created = c_u64()
-    say("create", lib.cuCtxCreate(ctypes.byref(created), 0, 0))
+    say("create", lib.cuCtxCreate(ctypes.byref(created), 0, 0))  # a 3.1-API context
+    check(lib.cuCtxCreate_v2(ctypes.byref(created), 0, 0), "create")
     say("destroy", lib.cuCtxDestroy(created))
     check(cu.cuCtxSetCurrent(ctx), "set current")
     old_pointer = ctypes.c_uint32()

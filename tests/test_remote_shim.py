@@ -1225,24 +1225,28 @@ def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_
 
 def test_old_symbols_with_a_forwarded_abis_parameters_do_what_it_does(shim_dir, worker):
     """Code that calls the driver's old symbols by name (ctypes, binaries built before CUDA 4.0) gets
-    cuCtxCreate, cuCtxDestroy, cuStreamDestroy, cuEventDestroy, cuCtxPushCurrent and cuCtxPopCurrent served
-    as their _v2 ABIs (cuda.h declares both with the same parameters): the handles are gone afterwards, the
-    context stack moves. An
-    old symbol whose parameters differ (cuMemAlloc's 32-bit pointer) is still refused, and says so."""
+    cuCtxDestroy, cuStreamDestroy, cuEventDestroy, cuCtxPushCurrent and cuCtxPopCurrent served as their _v2
+    ABIs (cuda.h declares both with the same parameters): the handles are gone afterwards, the context stack
+    moves. As driver 580 answers (.dk/ctx_v1.py): the old cuCtxPushCurrent refuses the context already
+    current to the thread, and pushes it once popped; the 3.1 API's cuCtxCreate and cuMemAlloc (32-bit
+    pointers) fail, and the shim says which call to use instead."""
     out, err = run_client("old_abis", client_env(shim_dir, worker))
     assert out == {
         "stream_destroy": "0",
         "stream_after": str(int(CUresult.INVALID_HANDLE)),
         "event_destroy": "0",
         "event_after": str(int(CUresult.INVALID_HANDLE)),
-        "push": "0",
+        "push_current": str(int(CUresult.INVALID_CONTEXT)),
         "pop": "0",
         "popped_is_it": "True",
-        "create": "0",
+        "push_floating": "0",
+        "pushed_is_current": "True",
+        "create": str(int(CUresult.NOT_SUPPORTED)),
         "destroy": "0",
         "old_alloc": str(int(CUresult.NOT_SUPPORTED)),
     }
     assert "cuMemAlloc is not forwarded" in err and "call cuMemAlloc_v2" in err  # what to call instead
+    assert "cuCtxCreate is not forwarded" in err and "call cuCtxCreate_v" in err
     assert "cuEventDestroy is not forwarded" not in err
 
 

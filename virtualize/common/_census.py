@@ -26,7 +26,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from virtualize.common._calls import ALIASES, CALLS, LEGACY_ABIS, UNFORWARDED_ABIS, Call, Mode
+from virtualize.common._calls import (
+    ALIASES,
+    CALLS,
+    LEGACY_ABIS,
+    LEGACY_OWN_ANSWERS,
+    UNFORWARDED_ABIS,
+    Call,
+    Mode,
+)
 from virtualize.common.errors import VirtualizeError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -240,7 +248,7 @@ def legacy_same_abis(cuda_h: str) -> dict[str, str]:
     """cuda.h's old ABIs (declared for the driver's own build, under __CUDA_API_VERSION_INTERNAL) whose
     parameters are those of a versioned symbol of the same name: old name -> the oldest such symbol (the
     one the name now means, `#define cuEventDestroy cuEventDestroy_v2`, or an older one the header still
-    declares, cuCtxCreate_v2 where cuCtxCreate now means cuCtxCreate_v4)."""
+    declares), outside the 3.1 API's paragraph."""
     at = cuda_h.find(LEGACY_SECTION)
     if at < 0:
         raise CensusError("this cuda.h declares no old ABIs (no __CUDA_API_VERSION_INTERNAL section)")
@@ -254,16 +262,23 @@ def legacy_same_abis(cuda_h: str) -> dict[str, str]:
                 versioned.setdefault(symbol, _parameter_types(params))
                 break
     same = {}
-    for name, params in C_DECLARATION.findall(cuda_h[at:]):
-        if re.search(r"_v\d+$", name):
+    for paragraph in re.split(r"\n[ \t]*\n", cuda_h[at:]):
+        # The header keeps the 3.1 API's declarations (32-bit device pointers) in one paragraph; an old ABI
+        # there means that API even where its parameters match (cuCtxCreate makes a 3.1-API context, which
+        # driver 580 refuses with CUDA_ERROR_OUT_OF_MEMORY): not today's ABI under an old name.
+        declarations = C_DECLARATION.findall(paragraph)
+        if any("_v1" in params for _, params in declarations):
             continue
-        matches = [
-            symbol
-            for symbol, types in versioned.items()
-            if re.fullmatch(re.escape(name) + r"_v\d+", symbol) and types == _parameter_types(params)
-        ]
-        if matches:
-            same[name] = min(matches, key=lambda symbol: int(symbol.rsplit("_v", 1)[1]))
+        for name, params in declarations:
+            if re.search(r"_v\d+$", name):
+                continue
+            matches = [
+                symbol
+                for symbol, types in versioned.items()
+                if re.fullmatch(re.escape(name) + r"_v\d+", symbol) and types == _parameter_types(params)
+            ]
+            if matches:
+                same[name] = min(matches, key=lambda symbol: int(symbol.rsplit("_v", 1)[1]))
     return same
 
 
@@ -295,7 +310,8 @@ def abi_call(header: Header, name: str, calls: tuple[Call, ...]) -> Call | None:
 def _describe(call: Call, calls: tuple[Call, ...]) -> tuple[Verdict, str]:
     abis = ", ".join(f"`{c.symbol}` ({_version(c.since)})" for c in calls if c.name == call.name)
     if any(old == call.name for old, _ in LEGACY_ABIS):  # the old symbol runs the forwarded ABI
-        abis = f"`{call.name}` (the old ABI: the same parameters), {abis}"
+        own = f"; {LEGACY_OWN_ANSWERS[call.name]}" if call.name in LEGACY_OWN_ANSWERS else ""
+        abis = f"`{call.name}` (the old ABI: the same parameters{own}), {abis}"
     if call.mode is Mode.LOCAL:
         return Verdict.CLIENT, f"{call.how}; ABIs {abis}"
     waits = "answered by the worker" if call.mode is Mode.REPLY else "sent without waiting"

@@ -23,6 +23,7 @@ from virtualize.common._calls import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     HANDLE_TYPES,
     LEGACY_ABIS,
+    LEGACY_OWN_ANSWERS,
     MEMO_GROUPS,
     NCCL_COLLECTIVES,
     NCCL_CONFIG_INTS,
@@ -322,9 +323,11 @@ def generate_bodies() -> str:
     for name, target in LEGACY_ABIS:
         call = by_symbol[target]
         args = ", ".join(p.name for p in call.params)
-        out.append(
-            f"GP_EXPORT {prototype(call).replace(target + '(', name + '(', 1)} {{ return {target}({args}); }}"
-        )
+        own = prototype(call).replace(target + "(", name + "(", 1)
+        if name in LEGACY_OWN_ANSWERS:  # the shim's own function (shim_calls.c), for the proc table
+            out.append(f"GP_EXPORT {own};")
+        else:
+            out.append(f"GP_EXPORT {own} {{ return {target}({args}); }}")
     out.append("")
     out.append("/* Every other name the real driver exports: found by dlsym, refused when called. */")
     variants = {name for name, _ in per_thread_variants()}
@@ -361,7 +364,7 @@ def generate_bodies() -> str:
         oldest[call.name] = call
     # ... unless cuda.h gives that old ABI the parameters of a forwarded one (LEGACY_ABIS): then it is that.
     procs += [
-        (name, 0, f"(void *){legacy[name]}, NULL" if name in legacy else f'NULL, "{name}"')
+        (name, 0, f'NULL, "{name}"' if name not in legacy else f"(void *){name}, NULL")
         for name, call in oldest.items()
         if call.symbol != name
     ]

@@ -2121,10 +2121,9 @@ GP_EXPORT CUresult cuStreamWriteValue64_ptsz(uint64_t stream, uint64_t addr, uin
 GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWriteValue64_v2(stream, addr, value, flags); }
 
 /* Old ABIs with the parameters of a forwarded one (LEGACY_ABIS): that one, under their name. */
-GP_EXPORT CUresult cuCtxCreate(uint64_t *ctx, uint32_t flags, int32_t dev) { return cuCtxCreate_v2(ctx, flags, dev); }
 GP_EXPORT CUresult cuCtxDestroy(uint64_t ctx) { return cuCtxDestroy_v2(ctx); }
 GP_EXPORT CUresult cuCtxPopCurrent(uint64_t *ctx) { return cuCtxPopCurrent_v2(ctx); }
-GP_EXPORT CUresult cuCtxPushCurrent(uint64_t ctx) { return cuCtxPushCurrent_v2(ctx); }
+GP_EXPORT CUresult cuCtxPushCurrent(uint64_t ctx);
 GP_EXPORT CUresult cuEventDestroy(uint64_t event) { return cuEventDestroy_v2(event); }
 GP_EXPORT CUresult cuLinkAddData(uint64_t state, int32_t type, void *data, uint64_t size, const char *name, uint32_t n, void *options, void *values) { return cuLinkAddData_v2(state, type, data, size, name, n, options, values); }
 GP_EXPORT CUresult cuLinkAddFile(uint64_t state, int32_t type, const char *path, uint32_t n, void *options, void *values) { return cuLinkAddFile_v2(state, type, path, n, options, values); }
@@ -2147,6 +2146,7 @@ GP_EXPORT CUresult cuCoredumpGetAttribute(void) { return gp_unforwarded("cuCored
 GP_EXPORT CUresult cuCoredumpGetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpGetAttributeGlobal"); }
 GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCoredumpSetAttribute"); }
 GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
+GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
@@ -2328,11 +2328,11 @@ static const struct gp_proc gp_procs[] = {
     {"cuArrayGetPlane", 11020, (void *)cuArrayGetPlane, NULL},
     {"cuArrayGetSparseProperties", 11010, (void *)cuArrayGetSparseProperties, NULL},
     {"cuCtxAttach", 2000, (void *)cuCtxAttach, NULL},
-    {"cuCtxCreate", 0, (void *)cuCtxCreate_v2, NULL},
+    {"cuCtxCreate", 0, NULL, "cuCtxCreate"},
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, NULL},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, NULL},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, NULL},
-    {"cuCtxDestroy", 0, (void *)cuCtxDestroy_v2, NULL},
+    {"cuCtxDestroy", 0, (void *)cuCtxDestroy, NULL},
     {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2, NULL},
     {"cuCtxDetach", 2000, (void *)cuCtxDetach, NULL},
     {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess, NULL},
@@ -2350,9 +2350,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit, NULL},
     {"cuCtxGetSharedMemConfig", 4020, (void *)cuCtxGetSharedMemConfig, NULL},
     {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange, NULL},
-    {"cuCtxPopCurrent", 0, (void *)cuCtxPopCurrent_v2, NULL},
+    {"cuCtxPopCurrent", 0, (void *)cuCtxPopCurrent, NULL},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2, NULL},
-    {"cuCtxPushCurrent", 0, (void *)cuCtxPushCurrent_v2, NULL},
+    {"cuCtxPushCurrent", 0, (void *)cuCtxPushCurrent, NULL},
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2, NULL},
     {"cuCtxRecordEvent", 12050, (void *)cuCtxRecordEvent, NULL},
     {"cuCtxResetPersistingL2Cache", 11000, (void *)cuCtxResetPersistingL2Cache, NULL},
@@ -2407,7 +2407,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceUnregisterAsyncNotification", 12040, (void *)cuDeviceUnregisterAsyncNotification, NULL},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, NULL},
     {"cuEventCreate", 2000, (void *)cuEventCreate, NULL},
-    {"cuEventDestroy", 0, (void *)cuEventDestroy_v2, NULL},
+    {"cuEventDestroy", 0, (void *)cuEventDestroy, NULL},
     {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2, NULL},
     {"cuEventElapsedTime", 2000, (void *)cuEventElapsedTime, NULL},
     {"cuEventElapsedTime", 12080, (void *)cuEventElapsedTime_v2, NULL},
@@ -2560,12 +2560,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData, NULL},
     {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile, NULL},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload, NULL},
-    {"cuLinkAddData", 0, (void *)cuLinkAddData_v2, NULL},
+    {"cuLinkAddData", 0, (void *)cuLinkAddData, NULL},
     {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2, NULL},
-    {"cuLinkAddFile", 0, (void *)cuLinkAddFile_v2, NULL},
+    {"cuLinkAddFile", 0, (void *)cuLinkAddFile, NULL},
     {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2, NULL},
     {"cuLinkComplete", 5050, (void *)cuLinkComplete, NULL},
-    {"cuLinkCreate", 0, (void *)cuLinkCreate_v2, NULL},
+    {"cuLinkCreate", 0, (void *)cuLinkCreate, NULL},
     {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2, NULL},
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy, NULL},
     {"cuLogicalEndpointAddDevice", 13030, (void *)cuLogicalEndpointAddDevice, NULL},
@@ -2619,7 +2619,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemHostGetDevicePointer", 0, NULL, "cuMemHostGetDevicePointer"},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2, NULL},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags, NULL},
-    {"cuMemHostRegister", 0, (void *)cuMemHostRegister_v2, NULL},
+    {"cuMemHostRegister", 0, (void *)cuMemHostRegister, NULL},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2, NULL},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister, NULL},
     {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle, NULL},
@@ -2766,7 +2766,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes, NULL},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate, NULL},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority, NULL},
-    {"cuStreamDestroy", 0, (void *)cuStreamDestroy_v2, NULL},
+    {"cuStreamDestroy", 0, (void *)cuStreamDestroy, NULL},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2, NULL},
     {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture, NULL},
     {"cuStreamGetAttribute", 11000, (void *)cuStreamGetAttribute, NULL},

@@ -106,13 +106,13 @@ static const char *refusal_of(const char *name) {
     if ((why = refusal_in_census(base)) != NULL) return why;
     const struct gp_proc *newest = lookup_abi(base, 1 << 30);
     if (newest) {
-        /* an old ABI whose parameters differ (32-bit device pointers and sizes): say which one to call */
+        /* an old ABI that means something else (32-bit device pointers, a 3.1-API context): say what to call */
         static __thread char why_buf[512];
         Dl_info info;
         if (!strcmp(name, base) && newest->fn && dladdr(newest->fn, &info) && info.dli_sname &&
             strcmp(info.dli_sname, name) != 0) { /* the plain name: the oldest ABI */
-            snprintf(why_buf, sizeof why_buf, "an old ABI of %s with other parameters; call %s, which cuda.h's %s "
-                     "means", base, info.dli_sname, base);
+            snprintf(why_buf, sizeof why_buf, "an old ABI of %s that means something else; call %s, which cuda.h's "
+                     "%s means", base, info.dli_sname, base);
             return why_buf;
         }
         return "an ABI version of a forwarded call that is not forwarded";
@@ -417,6 +417,14 @@ CUresult cuCtxPushCurrent_v2(uint64_t ctx) {
     GP_TRACE("cuCtxPushCurrent_v2");
     if (!ctx || !known_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     return gp_ctx_push(ctx) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The pre-4.0 ABI, called by name (LEGACY_OWN_ANSWERS): as _v2, except that the context already current to
+ * the calling thread is not pushed again (driver 580 answers CUDA_ERROR_INVALID_CONTEXT). */
+CUresult cuCtxPushCurrent(uint64_t ctx) {
+    GP_TRACE("cuCtxPushCurrent");
+    if (ctx && ctx == gp_ctx_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return cuCtxPushCurrent_v2(ctx);
 }
 
 CUresult cuCtxPopCurrent_v2(uint64_t *ctx) {
