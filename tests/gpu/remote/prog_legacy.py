@@ -210,12 +210,20 @@ def old_abis(ctx) -> None:
         lib.cuCtxPopCurrent(ctypes.byref(popped)),
         popped.value == int(ctx),
     )
+    # The old cuCtxCreate makes a context of the 3.1 API (32-bit device pointers): driver 580 answers
+    # CUDA_ERROR_OUT_OF_MEMORY, gpupool refuses it (NOT_SUPPORTED, naming cuCtxCreate_v4); both fail.
     created = U64()
+    print("old cuCtxCreate fails", lib.cuCtxCreate(ctypes.byref(created), 0, 0) != 0)
+    lib.cuCtxCreate_v2.argtypes, lib.cuCtxCreate_v2.restype = (u64p, U32, I32), ctypes.c_int
+    print("cuCtxCreate_v2", lib.cuCtxCreate_v2(ctypes.byref(created), 0, 0))
+    print("old cuCtxDestroy of it", lib.cuCtxDestroy(created.value))
+    ok(cu.cuCtxSetCurrent(ctx))
+    popped = U64()
+    print("old cuCtxPopCurrent", lib.cuCtxPopCurrent(ctypes.byref(popped)), popped.value == int(ctx))
     print(
-        "old cuCtxCreate",
-        lib.cuCtxCreate(ctypes.byref(created), 0, 0),
-        "destroy",
-        lib.cuCtxDestroy(created.value),
+        "old cuCtxPushCurrent of a floating context",
+        lib.cuCtxPushCurrent(int(ctx)),
+        int(ok(cu.cuCtxGetCurrent())) == int(ctx),
     )
     ok(cu.cuCtxSetCurrent(ctx))
     page = ctypes.create_string_buffer(1 << 16)
