@@ -1227,7 +1227,7 @@ def test_old_symbols_with_a_forwarded_abis_parameters_do_what_it_does(shim_dir, 
     """Code that calls the driver's old symbols by name (ctypes, binaries built before CUDA 4.0) gets
     cuCtxDestroy, cuStreamDestroy, cuEventDestroy, cuCtxPushCurrent and cuCtxPopCurrent served as their _v2
     ABIs (cuda.h declares both with the same parameters): the handles are gone afterwards, the context stack
-    moves. As driver 580 answers (.dk/ctx_v1.py): the old cuCtxPushCurrent refuses the context already
+    moves. As driver 580 answers (tests/gpu/remote/prog_legacy.py): the old cuCtxPushCurrent refuses the context already
     current to the thread, and pushes it once popped; the 3.1 API's cuCtxCreate and cuMemAlloc (32-bit
     pointers) fail, and the shim says which call to use instead."""
     out, err = run_client("old_abis", client_env(shim_dir, worker))

@@ -1239,7 +1239,7 @@ LEGACY_ABIS: tuple[tuple[str, str], ...] = (
     ("cuStreamDestroy", "cuStreamDestroy_v2"),
 )
 # Old ABIs of LEGACY_ABIS whose driver answers differ from the newer ABI's in one state, measured on driver
-# 580 (.dk/ctx_v1.py): the shim's own function of that name (shim_calls.c) answers it. Old symbol -> why.
+# 580 (tests/gpu/remote/prog_legacy.py): the shim's own function of that name (shim_calls.c) answers it. Old symbol -> why.
 LEGACY_OWN_ANSWERS: dict[str, str] = {
     "cuCtxPushCurrent": "the pre-4.0 context model: pushing the context already current to the calling thread "
     "is CUDA_ERROR_INVALID_CONTEXT",
