@@ -24,6 +24,8 @@ remote as % of native:
 Targets (issue 6): compute-bound >= 95 % of native, round trip <= 40 µs, >= 50 k launches/s,
 copies >= 2 GB/s. `--executor host` measures the protocol and the worker alone on a machine with no
 GPU (the host-memory test executor; no native run). Results: a table on stdout, JSON in $OUT.
+`--repeat N` runs native and remote N times each, in turn, and reports each number's median (every run
+is in the JSON): how to compare two builds on a machine whose runs differ by up to 1.5x.
 
 `--netem` (issue 12; root, iproute2) runs the remote side across a real network link instead: the
 worker in one network namespace, the program in another, joined by a veth pair shaped by `tc netem`
@@ -378,6 +380,22 @@ def run_child(env: dict[str, str], prefix: list[str] | None = None, profile: Pat
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def median_of(runs: list[dict]) -> dict:
+    """One run's results with each number the median of that number in every run (what is not a number, as
+    the first run has it): run-to-run noise of 1.5x on a shared machine hides a change one run shows."""
+    first = runs[0]
+    out = {}
+    for key, value in first.items():
+        each = [run[key] for run in runs if key in run]
+        if isinstance(value, dict):
+            out[key] = median_of(each)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(each)
+        else:
+            out[key] = value
+    return out
+
+
 def bench_env(args) -> dict[str, str]:
     """The child runs' environment: no lease of the caller's, the copy sizes asked for, this tree first."""
     # (the shim's own knobs, GPUPOOL_SHIM_*, pass: for comparing with a feature off)
@@ -428,12 +446,17 @@ def main() -> int:
     parser.add_argument("--move-to", type=int, metavar="GPU",
                         help="after the launches, move the remote run's lease to this GPU of the host (a live "
                         "migration) and measure the launches again")  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run native and remote N times each, in turn, and report each row's median (runs "
+                        "of one build differ by up to 1.5x on a shared machine)")  # fmt: skip
     parser.add_argument("--netem", action="store_true",
                         help="across a tc-shaped veth link between two network namespaces (root)")  # fmt: skip
     parser.add_argument("--link-rate", default="25gbit", help="--netem: the link's rate each way (tc units)")
     parser.add_argument("--link-delay", default="20us", help="--netem: the link's one-way delay (tc units)")
     parser.add_argument("--mtu", type=int, default=1500, help="--netem: the link's MTU")
     args = parser.parse_args()
+    if args.repeat < 1 or (args.netem and args.repeat > 1):
+        parser.error("--repeat: at least 1, and 1 with --netem (its link is measured once)")
     if args.child:
         child()
         return 0
@@ -489,6 +512,21 @@ def main() -> int:
         results["remote"] = run_child(
             {**remote, "GPUPOOL_SHIM_RING": "0"} if args.ring else remote, profile=profile("")
         )
+        if args.repeat > 1:  # native and remote again, in turn: each row the median of the runs
+            runs = {
+                "native": [results["native"]] if "native" in results else [],
+                "remote": [results["remote"]],
+            }
+            for i in range(2, args.repeat + 1):
+                print(f"run {i} of {args.repeat} ...", flush=True)
+                if runs["native"]:
+                    runs["native"].append(run_child(env))
+                runs["remote"].append(
+                    run_child({**remote, "GPUPOOL_SHIM_RING": "0"} if args.ring else remote)
+                )
+            for side, each in runs.items():
+                if each:
+                    results[side], results[f"{side}_runs"] = median_of(each), each
         if args.ring:
             print("remote run over the command ring ...", flush=True)
             results["remote_ring"] = run_child({**remote, "GPUPOOL_SHIM_RING": "1"}, profile=profile("-ring"))
@@ -499,6 +537,11 @@ def main() -> int:
     finally:
         worker.stop()
     report(results)
+    if args.repeat > 1:
+        print(
+            f"\n(each value is the median of {args.repeat} runs, native and remote in turn; every run's values "
+            "are in bench_remote.json)"
+        )
     if "remote_ring" in results:
         print("\nover the command ring (GPUPOOL_SHIM_RING=1), same worker:")
         report({**results, "remote": results["remote_ring"]})

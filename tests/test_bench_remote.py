@@ -37,6 +37,25 @@ def test_the_host_executor_benchmark_runs_and_reports_every_row(tmp_path):
 
 
 @needs_cc
+def test_with_repeat_each_row_is_the_median_of_the_runs(tmp_path):
+    """--repeat 3: the remote program runs three times and each reported number is the median of the three
+    (a change is compared on medians, not on one run of a noisy machine); every run is kept."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_remote.py"), "--executor", "host", "--patterns",
+         "dtoh_async", "--max-copy-mib", "1", "--partition-mib", "64", "--repeat", "3"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "bench_remote.json").read_text())
+    runs = results["remote_runs"]
+    assert len(runs) == 3
+    for size, row in results["remote"]["dtoh_async_pinned"].items():
+        for key in ("call_us", "gb_s"):
+            assert row[key] == sorted(run["dtoh_async_pinned"][size][key] for run in runs)[1]
+
+
+@needs_cc
 @pytest.mark.slow
 def test_the_host_executor_benchmark_measures_graph_replays_and_event_loops(tmp_path):
     """The whole benchmark, past the copies: graph replays (capture, instantiate, cuGraphLaunch) and a
