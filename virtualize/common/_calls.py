@@ -220,6 +220,10 @@ CALLS: tuple[Call, ...] = (
     # What the lease holds of device `dev` now, in every worker of it: NVML's used memory in the process
     # (virtualize/client/nvml), asked only once the process is connected.
     _c("gpLeaseMemory", 0, "i32 dev, o_u64 used", symbol="-"),
+    # IPC between the workers of a lease whose processes each have one (GPUPOOL_ISOLATE): the allocation an
+    # IPC handle names mapped from the worker that holds it, and let go when the program closes the handle.
+    _c("gpIpcImport", 0, "u64 base, u64 size", symbol="-"),
+    _c("gpIpcRelease", 0, "u64 base", symbol="-"),
     _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------

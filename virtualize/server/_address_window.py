@@ -134,6 +134,8 @@ class WindowMemory:
         self.small_sizes: dict[int, int] = {}  # small allocation -> its size in its slab
         self.pending: list[tuple[int, int]] = []  # (allocation, event): freed once the event is reached
         self.ranges: dict[int, tuple[int, Window | None]] = {}  # cuMemAddressReserve'd: base -> size, window
+        # pages another worker process of the lease can map (virtualize.server._ipc_workers)
+        self.exportable = False
         self.lock = threading.Lock()
 
     @property
@@ -205,6 +207,12 @@ class WindowMemory:
     def owns(self, ptr: int) -> bool:
         return ptr in self.mappings
 
+    def pages_of(self, ptr: int) -> tuple[int, int, int, object] | None:
+        """The pages allocation `ptr` lives on: (base, size, device, backing), for another worker to map."""
+        with self.lock:
+            m = self.mappings.get(ptr)
+            return None if m is None else (m.base, m.size, m.device, m.backing)
+
     def free(self, ptr: int, wait: bool = True) -> None:
         """Give `ptr` back now (`wait`: once the GPU is done with the pages it unmaps)."""
         with self.lock:
@@ -246,7 +254,7 @@ class WindowMemory:
         else:
             raise WindowFull(f"no {size}-byte range left in the client's windows")
         try:
-            backing = self.executor.map_memory(base, size, device)
+            backing = self.executor.map_memory(base, size, device, self.exportable)
         except BaseException:
             w.pages.give(base, size)
             raise

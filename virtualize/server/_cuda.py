@@ -85,6 +85,7 @@ _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *u
 log = logging.getLogger("gpupool.worker")
 ASYNC_STAGING_MAX = 256 << 20
 ASYNC_STAGING_KEPT = 512 << 20
+_POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: memory another worker process can open
 # A copy's completion mark, which the host-function thread calling clients back reads (it may make no
 # CUDA call): the stream writes a word into host memory behind the copy (cuStreamWriteValue32, no host
 # thread involved), or, where stream memory operations are refused, the driver calls sem_post on a
@@ -954,8 +955,12 @@ class CudaExecutor(Executor):
             prop.requestedHandleTypes = _enum(driver.CUmemAllocationHandleType, handle_types)
         return prop
 
-    def map_memory(self, base: int, size: int, device: int):
-        handle = _ok(driver.cuMemCreate(size, self._prop(device), 0))
+    def map_memory(self, base: int, size: int, device: int, exportable: bool = False):
+        err, handle = driver.cuMemCreate(size, self._prop(device, _POSIX_FD if exportable else 0), 0)
+        if err != driver.CUresult.CUDA_SUCCESS and exportable:  # refused as exportable: memory all the same
+            log.info("exportable memory refused (%s): another worker of the lease cannot open it", err.name)
+            err, handle = driver.cuMemCreate(size, self._prop(device), 0)
+        handle = _ok((err, handle))
         mapped = False
         try:
             _ok(driver.cuMemMap(base, size, 0, handle, 0))
@@ -1360,6 +1365,39 @@ class CudaExecutor(Executor):
     def unmap_memory(self, base: int, size: int, backing) -> None:
         _ok(driver.cuMemUnmap(base, size))
         _ok(driver.cuMemRelease(backing))
+
+    def export_memory(self, backing) -> int:
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return _int(_ok(driver.cuMemExportToShareableHandle(backing, posix, 0)))
+
+    def import_memory(self, fd: int, base: int, size: int, device: int):
+        """The sequence bench/bench_exportable_memory.py measured: import, reserve the exporter's address,
+        map, grant access."""
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        handle = _ok(driver.cuMemImportFromShareableHandle(fd, posix))
+        err, got = driver.cuMemAddressReserve(size, 0, base, 0)
+        if err != driver.CUresult.CUDA_SUCCESS or _int(got) != base:
+            if err == driver.CUresult.CUDA_SUCCESS:
+                driver.cuMemAddressFree(got, size)
+            driver.cuMemRelease(handle)
+            raise CudaError(CUresult.INVALID_VALUE, f"[0x{base:x}, +{size}) is not free in this worker")
+        try:
+            _ok(driver.cuMemMap(base, size, 0, handle, 0))
+            try:
+                access = self._access(device)
+                _ok(driver.cuMemSetAccess(base, size, access, len(access)))
+            except BaseException:
+                driver.cuMemUnmap(base, size)
+                raise
+        except BaseException:
+            driver.cuMemAddressFree(base, size)
+            driver.cuMemRelease(handle)
+            raise
+        return handle
+
+    def unmap_imported(self, base: int, size: int, backing) -> None:
+        self.unmap_memory(base, size, backing)
+        _ok(driver.cuMemAddressFree(base, size))
 
     # -- live migration (virtualize.server._migrate; the handles: virtualize.server._handles) -----------
 

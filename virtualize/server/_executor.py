@@ -170,6 +170,7 @@ GUARD_CALLS = (
     "gpResume",  # a process whose lease moved here from another server (virtualize.server._migrate_out)
     "gpProcessStart",  # a process that asks for a worker of its own (virtualize.server._process_workers)
     "gpLeaseMemory",  # what the lease holds of a device, for the process's NVML (LeaseState.in_use)
+    *("gpIpcImport", "gpIpcRelease"),  # IPC memory of another worker of the lease (_ipc_workers)
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     "gpDeliveryAttach",  # more connections for the copies the callback connection carries
     "gpEventCreateNamed",  # an event the client has named, made as cuEventCreate makes one
@@ -707,13 +708,27 @@ class Executor(abc.ABC):
     def release_addresses(self, base: int, size: int) -> None: ...
 
     @abc.abstractmethod
-    def map_memory(self, base: int, size: int, device: int) -> object:
+    def map_memory(self, base: int, size: int, device: int, exportable: bool = False) -> object:
         """Back [base, base+size) of a reserved range (2 MiB multiples) with new memory of lease device
         `device`, readable and writable from every device of the lease that can reach it; returns what
-        `unmap_memory` needs."""
+        `unmap_memory` needs. `exportable`: memory `export_memory` can hand to another worker process of
+        the lease (virtualize.server._ipc_workers)."""
 
     @abc.abstractmethod
     def unmap_memory(self, base: int, size: int, backing: object) -> None: ...
+
+    # IPC between the worker processes of one lease (virtualize.server._ipc_workers).
+    @abc.abstractmethod
+    def export_memory(self, backing: object) -> int:
+        """A POSIX file descriptor for exportable memory `map_memory` made (the caller closes it)."""
+
+    @abc.abstractmethod
+    def import_memory(self, fd: int, base: int, size: int, device: int) -> object:
+        """Map another worker process's exported memory at `base`, the address it has there, readable and
+        writable as `map_memory`'s; CudaError INVALID_VALUE when that address is not free here."""
+
+    @abc.abstractmethod
+    def unmap_imported(self, base: int, size: int, backing: object) -> None: ...
 
     # Green contexts (`virtualize.server._guard_green`). A device resource is an id of the executor's,
     # given with its SM fields as (id, smCount, minSmPartitionSize, smCoscheduledAlignment).

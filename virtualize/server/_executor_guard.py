@@ -25,6 +25,7 @@ from typing import Any
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, CALLS, DESTROYS, HANDLE_TYPES, Call, Mode
 from virtualize.common._results import CUresult
+from virtualize.server import _ipc_workers
 from virtualize.server._address_window import GRANULE, WindowFull, WindowMemory
 from virtualize.server._deliveries import Deliveries
 from virtualize.server._executor import (
@@ -440,6 +441,9 @@ class Session:
         # gpProcessStart: the worker's answer to a process that asks for a worker of its own
         # (virtualize.server._process_workers); served here where nothing else is said
         self.process_start = lambda session, flags: (b"", b"")
+        # other workers' memory this process opened by IPC handle (virtualize.server._ipc_workers.Imports),
+        # set where the lease's processes each have a worker of their own
+        self.ipc_imports = None
         self.peer_pid = 0  # the client process's pid, where it is on this host (set by the worker)
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
@@ -482,6 +486,8 @@ class Session:
             "gpResume": self._resume,
             "gpProcessStart": lambda call, ins: self.process_start(self, ins[0]),
             "gpLeaseMemory": self._lease_memory,
+            "gpIpcImport": self._ipc_import,
+            "gpIpcRelease": self._ipc_release,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -608,6 +614,8 @@ class Session:
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
         self.nccl_calls.close()  # its NCCL communicators, aborted before their contexts go
+        for base in list(self.ipc_imports.opened if self.ipc_imports is not None else ()):
+            self._ipc_release(None, (base,))  # other workers' pages it opened
         self.green_calls.close()  # the green contexts it made
         self.endpoint_calls.close()  # its logical endpoints and ids, before the memory bound to them goes
         self.context_calls.close()  # the contexts it created, and their memory
@@ -1239,6 +1247,25 @@ class Session:
         if not 0 <= ins[0] < len(self.lease.limits):
             raise CudaError(INVALID_VALUE, f"device {ins[0]}")
         return struct.pack("<Q", self.lease.in_use(ins[0])), b""
+
+    def _ipc_import(self, call: Call, ins: tuple):
+        """gpIpcImport: the allocation an IPC handle names, where another worker of the lease holds it
+        (`gpuattach run --isolate`): its pages mapped here at their address, the range served as memory of
+        the lease that its exporter counts."""
+        base, size = ins
+        if self.lease.find(base) is not None:
+            return  # memory this worker serves already
+        if self.ipc_imports is None or size == 0:
+            raise CudaError(INVALID_VALUE, f"0x{base:x} is not memory of this lease")
+        device = self.ipc_imports.open(base, size)
+        if device is None:
+            raise _ipc_workers.not_found(base)
+        self.lease.add(Allocation(base, size, device, owned=False, charged=False))
+
+    def _ipc_release(self, call: Call | None, ins: tuple):
+        """gpIpcRelease: the process closed the handle it opened (nothing to do for memory of this worker)."""
+        if self.ipc_imports is not None and self.ipc_imports.close(ins[0]):
+            self.lease.remove(ins[0])
 
     def _window_offer(self, call: Call, ins: tuple):
         return struct.pack("<QQ", *self.window.offer()), b""

@@ -242,6 +242,7 @@ class HostExecutor(Executor):
         self.pool_attributes: dict[tuple[int, int], int] = {}  # (pool, CUmemPool_attribute) -> value set
         self.sync_memops: set[int] = set()  # allocations (bases) with CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set
         self.mapped: set[int] = set()  # bases of memory mapped at a reserved address (cuMemMap's kind)
+        self.exportable: dict[int, tuple[int, mmap.mmap]] = {}  # base -> its memfd and mapping (map_memory)
         self.functions: dict[int, str] = {}
         self.function_handles: dict[tuple[int, str], int] = {}  # (module or library, name) -> its handle
         self.parents: dict[int, int] = {}  # function or kernel -> its module or library
@@ -748,14 +749,45 @@ class HostExecutor(Executor):
                 raise CudaError(INVALID_VALUE, "not a reserved range")
             del self.reserved[base]
 
-    def map_memory(self, base: int, size: int, device: int):
+    def map_memory(self, base: int, size: int, device: int, exportable: bool = False):
         self._place(base, size, device)
         self.mapped.add(base)
+        if not exportable:
+            return base
+        # exportable: the bytes live in a memfd, which another worker process of the lease maps too
+        fd = os.memfd_create("gpupool-lease-memory")
+        os.ftruncate(fd, size)
+        shared = mmap.mmap(fd, size)
+        with self.lock:
+            self.memory[base] = memoryview(shared)
+        self.exportable[base] = (fd, shared)
         return base
 
     def unmap_memory(self, base: int, size: int, backing) -> None:
         self._free(base)
         self.mapped.discard(base)
+        shared = self.exportable.pop(base, None)
+        if shared is not None:
+            os.close(shared[0])  # the mapping goes with the last view of it
+
+    def export_memory(self, backing) -> int:
+        if backing not in self.exportable:
+            raise CudaError(INVALID_VALUE, "memory made without an exportable handle type")
+        return os.dup(self.exportable[backing][0])
+
+    def import_memory(self, fd: int, base: int, size: int, device: int):
+        with self.lock:
+            i = bisect.bisect_right(self.bases, base + size - 1)
+            if i and self.bases[i - 1] + len(self.memory[self.bases[i - 1]]) > base:
+                raise CudaError(INVALID_VALUE, f"[0x{base:x}, +{size}) is not free in this worker")
+        shared = mmap.mmap(fd, size)
+        self._place(base, 0, device)
+        with self.lock:
+            self.memory[base] = memoryview(shared)
+        return shared
+
+    def unmap_imported(self, base: int, size: int, backing) -> None:
+        self._free(base)
 
     # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
     # not share bytes, as they do on a GPU).

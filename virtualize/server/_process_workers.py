@@ -16,9 +16,9 @@ a slot of one file every worker of the lease maps (`SharedUsage`), and an alloca
 lease's total does. Under MPS, the device-side assert of one client leaves the others working (measured
 on an H200: docs/remote.md, "Isolation"); an illegal address ends every client of that GPU, as MPS
 documents, so only a whole-GPU lease (no MPS) isolates that one.
-What is not carried across them yet: CUDA IPC memory and event handles, exported pools and virtual-memory
-handles (opening one fails, and the shim says why), and a move to another GPU or server (refused). NCCL
-between ranks in different workers connects worker to worker, as under --spread.
+CUDA IPC memory handles are carried across them (virtualize.server._ipc_workers); not yet IPC event handles,
+exported pools and virtual-memory handles (opening one fails, and the shim says why), nor a move to another
+GPU or server (refused). NCCL between ranks in different workers connects worker to worker, as under --spread.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from virtualize.common import _wire
+from virtualize.server import _ipc_workers
 
 log = logging.getLogger("gpupool.worker")
 
@@ -149,6 +150,7 @@ class ProcessWorkers:
         self.spare: tuple[subprocess.Popen, int, dict] | None = None  # started, waiting for a process
         self.spare_starting = False  # one spare at a time: a burst of processes starts no burst of spares
         self.stopping = False
+        self.exporter: _ipc_workers.Exporter | None = None  # once a process it serves is isolated
 
     def running(self) -> int:
         """How many process workers of the lease serve a process now."""
@@ -167,6 +169,7 @@ class ProcessWorkers:
                 usage = self.worker.lease.used
                 if not self.is_root and isinstance(usage, SharedUsage):
                     usage.serving(session.peer_pid)
+                self._share_memory(session)
                 return b"", b""
         if not self.is_root:  # only where the environment was changed to name this worker: served, and said
             log.warning("a second process reached this process worker: it shares it, not isolated")
@@ -178,6 +181,23 @@ class ProcessWorkers:
             return b"", b""
         session.channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
         return ANSWERED
+
+    def _share_memory(self, session) -> None:
+        """IPC memory handles between the lease's workers (virtualize.server._ipc_workers): the process's pages
+        exportable, another worker's memory opened through this worker's imports, this worker's answered."""
+        state_dir, executor = self.worker.state_dir, self.worker.executor
+        session.window.exportable = True
+        session.ipc_imports = _ipc_workers.Imports(state_dir, executor)
+        if self.exporter is None:
+            self.exporter = _ipc_workers.Exporter(state_dir, self._pages_of, executor.export_memory)
+
+    def _pages_of(self, base: int, size: int) -> tuple[int, int, int, object]:
+        """The pages of this worker's allocation [base, +size) for another worker (its exporter's lookup)."""
+        a = self.worker.lease.find(base)
+        pages = a.window.pages_of(base) if a and a.base == base and size <= a.size and a.window else None
+        if pages is None:
+            raise _ipc_workers.not_found(base)
+        return pages
 
     def _hand_out(self, channel, client_pid: int) -> bytes:
         """A process worker for one new process (the spare, or one started now) and its MOVED_TO outs; a new
@@ -259,6 +279,8 @@ class ProcessWorkers:
 
     def stop(self) -> None:
         """The lease ends: its process workers end with it."""
+        if self.exporter is not None:
+            self.exporter.close()
         with self.lock:
             self.stopping = True
             children = [p for p, _ in self.children.values()] + ([self.spare[0]] if self.spare else [])

@@ -282,6 +282,7 @@ class Worker:
         self.lease = LeaseState(partition_limits(devices, executor))
         # The executor behind the handle values the client knows, which a live migration keeps.
         self.executor = Translated(executor, self.lease.holds, lambda kind: list(self.lease.handles[kind]))
+        self.state_dir = state_dir
         self.activity = state_dir / ACTIVITY_FILE
         self.usage = state_dir / USAGE_FILE
         self._usage_written: list[int] | None = None
@@ -447,6 +448,8 @@ class Worker:
         with self._closed:
             self._closed.wait_for(lambda: not self.sessions and self._closing == 0, CLOSING_WAIT_S)
         log.info("its process has ended: the process worker exits")
+        if self.process_workers is not None and self.process_workers.exporter is not None:
+            self.process_workers.exporter.close()  # its IPC socket goes with it
         with contextlib.suppress(Exception):
             self.executor.close()
         logging.shutdown()

@@ -14,14 +14,19 @@
 
 static const char ipc_magic[16] = "gpupool ipc 1";
 
-/* Under GPUPOOL_ISOLATE each process of the lease has a worker of its own (virtualize/server/_process_workers.py),
- * which does not hold what another process exported: a handle that does not open says why, once. */
+/* Under GPUPOOL_ISOLATE each process of the lease has a worker of its own (virtualize/server/_process_workers.py). */
+static int isolated(void) {
+    const char *isolate = getenv("GPUPOOL_ISOLATE");
+    return isolate && *isolate && strcmp(isolate, "0") != 0;
+}
+
+/* Such a worker maps another's memory that an IPC handle names (virtualize/server/_ipc_workers.py), but does not
+ * hold another process's events, pools or virtual-memory handles: one of those that does not open says why, once. */
 static CUresult across_workers(CUresult r, const char *what) {
     static int said;
-    const char *isolate = getenv("GPUPOOL_ISOLATE");
-    if (r != CUDA_SUCCESS && isolate && *isolate && strcmp(isolate, "0") != 0 && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    if (r != CUDA_SUCCESS && isolated() && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         gp_say("%s of another process: under GPUPOOL_ISOLATE (gpuattach run --isolate) each process has a worker "
-               "of its own, and IPC between them is not supported yet (error %d)", what, (int)r);
+               "of its own, and only IPC memory handles open across them, not this (error %d)", what, (int)r);
     return r;
 }
 
@@ -47,7 +52,12 @@ static CUresult ipc_open(uint64_t *pdptr, struct gp_ipc_handle handle) {
      * allocation freed since, is refused there. */
     uint64_t got_base = 0, got_size = 0;
     CUresult r = cuMemGetAddressRange_v2(&got_base, &got_size, base);
-    if (r != CUDA_SUCCESS) return across_workers(r, "an IPC memory handle");
+    if (r != CUDA_SUCCESS && isolated()) { /* another worker of the lease may hold it: mapped into this one */
+        struct gp_in_gpIpcImport in = {.base = base, .size = size};
+        r = gp_call(GP_CALL_gpIpcImport, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+        if (r == CUDA_SUCCESS) r = cuMemGetAddressRange_v2(&got_base, &got_size, base);
+    }
+    if (r != CUDA_SUCCESS) return r;
     if (got_base != base || got_size < size) return CUDA_ERROR_INVALID_VALUE; /* not that allocation any more */
     int owned;
     if (!gp_dev_lookup(base, NULL, NULL, &owned)) gp_dev_add(base, size, 0);
@@ -173,6 +183,10 @@ CUresult cuIpcCloseMemHandle(uint64_t dptr) {
     int owned;
     if (!gp_dev_lookup(dptr, &base, NULL, &owned) || owned || base != dptr) return CUDA_ERROR_INVALID_VALUE;
     gp_dev_remove(base);
+    if (isolated()) { /* another worker's memory mapped into this process's: let go there too */
+        struct gp_in_gpIpcRelease in = {.base = base};
+        return gp_call(GP_CALL_gpIpcRelease, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    }
     return CUDA_SUCCESS;
 }
 

@@ -1,0 +1,190 @@
+"""CUDA IPC memory handles between the workers of one lease (``gpuattach run --isolate``: a worker process
+per client process, virtualize.server._process_workers).
+
+A process's IPC handle names its allocation's address and size (the shim's cuIpcGetMemHandle). Under
+isolation the process that opens it talks to another worker, which does not hold that memory. So each
+worker of such a lease makes its window pages exportable (a POSIX file descriptor: measured on an H200 to
+cost nothing, bench/bench_exportable_memory.py) and answers, on a Unix socket in the lease's state folder,
+``ipc-<pid>.sock``, for the pages an allocation of its own lives on: their range, device and descriptor
+(SCM_RIGHTS). The opening worker asks each of the lease's other workers, maps those pages at the same
+address in its own process (the address the handle names, as natively the program uses it) and serves
+the range as memory of the lease that it does not count: the partition counts it once, in the exporter.
+
+Only the lease's workers reach the socket (the state folder is the lease's, its owner's alone); a handle
+of another lease names memory no worker of this lease has, and is refused as natively. IPC event handles
+and exported pools are not carried across workers (the shim says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from virtualize.server._executor import INVALID_VALUE, CudaError
+
+log = logging.getLogger("gpupool.worker")
+
+SOCKET_PREFIX = "ipc-"
+REQUEST = struct.Struct("<QQ")  # the allocation's address and size, as the handle names them
+ANSWER = struct.Struct("<iQQi")  # 0 or a CUresult; the pages' base and size; their device (an fd with 0)
+ASK_TIMEOUT_S = 5.0
+
+
+def socket_path(state_dir: Path, pid: int) -> Path:
+    return state_dir / f"{SOCKET_PREFIX}{pid}.sock"
+
+
+@dataclass
+class Pages:
+    """Another worker's pages mapped here: `opens` of the program's handles use them."""
+
+    base: int
+    size: int
+    backing: object
+    opens: int = 0
+
+
+class Exporter:
+    """This worker's side: answers the lease's other workers for the pages of its allocations. `pages_of`
+    (address, size) -> (pages' base, size, device, backing) or a CudaError; `export` (backing) -> a
+    descriptor for the pages, closed here once sent."""
+
+    def __init__(self, state_dir: Path, pages_of: Callable, export: Callable[[object], int]) -> None:
+        self.path = socket_path(state_dir, os.getpid())
+        self.pages_of, self.export = pages_of, export
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        self.sock.listen(16)
+        threading.Thread(target=self._serve, name="gpupool-ipc-export", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed: the worker ends
+                return
+            with conn:
+                conn.settimeout(ASK_TIMEOUT_S)
+                with contextlib.suppress(OSError):
+                    self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        request = _read(conn, REQUEST.size)
+        if request is None:
+            return
+        base, size = REQUEST.unpack(request)
+        try:
+            pages_base, pages_size, device, backing = self.pages_of(base, size)
+            fd = self.export(backing)
+        except CudaError as exc:
+            conn.sendall(ANSWER.pack(exc.code, 0, 0, 0))
+            return
+        try:
+            socket.send_fds(conn, [ANSWER.pack(0, pages_base, pages_size, device)], [fd])
+        finally:
+            os.close(fd)
+        log.info("pages [0x%x, +%d) exported to another worker of the lease", pages_base, pages_size)
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int] | None:
+    """The pages of another worker's allocation [base, +size): (descriptor, pages' base, size, device),
+    or None when no other worker of the lease has that allocation."""
+    mine = socket_path(state_dir, os.getpid()).name
+    for path in sorted(state_dir.glob(f"{SOCKET_PREFIX}*.sock")):
+        if path.name == mine:
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(ASK_TIMEOUT_S)
+            try:
+                sock.connect(str(path))
+                sock.sendall(REQUEST.pack(base, size))
+                data, fds, _, _ = socket.recv_fds(sock, ANSWER.size, 1)
+            except OSError:  # that worker has gone (its process ended): ask the next
+                continue
+        if len(data) != ANSWER.size:
+            for fd in fds:
+                os.close(fd)
+            continue
+        result, pages_base, pages_size, device = ANSWER.unpack(data)
+        if result == 0 and len(fds) == 1:
+            return fds[0], pages_base, pages_size, device
+        for fd in fds:
+            os.close(fd)
+    return None
+
+
+def _read(conn: socket.socket, count: int) -> bytes | None:
+    data = b""
+    while len(data) < count:
+        chunk = conn.recv(count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+class Imports:
+    """This worker's side of opening: other workers' pages mapped here, by their base; each opened range
+    is served as memory of the lease that this worker does not count (its exporter does)."""
+
+    def __init__(self, state_dir: Path, executor) -> None:
+        self.state_dir, self.executor = state_dir, executor
+        self.pages: dict[int, Pages] = {}
+        self.opened: dict[int, int] = {}  # an opened range's address -> its pages' base
+        self.lock = threading.Lock()
+
+    def open(self, base: int, size: int) -> int | None:
+        """Map the pages of [base, +size) from the worker that has them; their device, or None if none has."""
+        found = fetch(self.state_dir, base, size)
+        if found is None:
+            return None
+        fd, pages_base, pages_size, device = found
+        try:
+            with self.lock:
+                pages = self.pages.get(pages_base)
+                if pages is None:
+                    backing = self.executor.import_memory(fd, pages_base, pages_size, device)
+                    pages = self.pages[pages_base] = Pages(pages_base, pages_size, backing)
+                pages.opens += 1
+                self.opened[base] = pages_base
+        finally:
+            os.close(fd)
+        return device
+
+    def close(self, base: int) -> bool:
+        """The program closed its handle to [base, ...): unmapped once no handle uses its pages."""
+        with self.lock:
+            pages_base = self.opened.pop(base, None)
+            if pages_base is None:
+                return False
+            pages = self.pages[pages_base]
+            pages.opens -= 1
+            if pages.opens:
+                return True
+            del self.pages[pages_base]
+        self.executor.unmap_imported(pages.base, pages.size, pages.backing)
+        return True
+
+    def close_all(self) -> None:
+        for base in list(self.opened):
+            with contextlib.suppress(CudaError):
+                self.close(base)
+
+
+def not_found(base: int) -> CudaError:
+    return CudaError(INVALID_VALUE, f"0x{base:x} is memory of no worker of this lease")
