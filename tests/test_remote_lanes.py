@@ -94,13 +94,23 @@ def test_frames_held_to_go_together_reach_the_worker_without_a_later_call(shim_d
         assert out["memset"] == "3c3c3c3c"
 
 
-def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_returns(shim_dir, worker):
+@pytest.mark.parametrize("isolate", ["0", "1"])
+def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_returns(
+    shim_dir, worker, isolate
+):
     """Frames held to go together (TLS) must not hide the work before an interprocess event's record from
     the lease's other processes: natively, once cuEventRecord returns, another process that waits on the
     event sees what came before the record on its stream, as PyTorch's CUDA tensors shared between
     processes rely on. Held back (up to 10 ms here), the memset before the record had not reached the
-    worker when the other process looked."""
-    env = client_env(shim_dir, worker, GPUPOOL_DATA_ENCRYPTION="always", GPUPOOL_SHIM_COALESCE_US="10000")
+    worker when the other process looked. The same with a worker per process (GPUPOOL_ISOLATE): the
+    consumer's worker maps the producer's memory and opens its event (virtualize.server._ipc_workers)."""
+    env = client_env(
+        shim_dir,
+        worker,
+        GPUPOOL_DATA_ENCRYPTION="always",
+        GPUPOOL_SHIM_COALESCE_US="10000",
+        GPUPOOL_ISOLATE=isolate,
+    )
     with ipc_pair("ipc_event_producer", env) as tell:
         assert tell(tell.consumer, "before") == ["before", "00000000"]
         assert tell(tell.producer, "go") == ["recorded", "1"]

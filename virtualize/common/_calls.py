@@ -224,6 +224,8 @@ CALLS: tuple[Call, ...] = (
     # IPC handle names mapped from the worker that holds it, and let go when the program closes the handle.
     _c("gpIpcImport", 0, "u64 base, u64 size", symbol="-"),
     _c("gpIpcRelease", 0, "u64 base", symbol="-"),
+    # ... and an interprocess event of another worker, opened as an event of this one (its value comes back).
+    _c("gpIpcEventImport", 0, "u64 event, o_u64 opened", symbol="-"),
     _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------

@@ -353,6 +353,12 @@ class _StagedIn:
 _SPECIAL_STREAMS = (0, 1, 2)
 
 
+class _IpcHandle(ctypes.Structure):
+    """CUipcEventHandle (and CUipcMemHandle): 64 bytes, passed by value."""
+
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+
 class _InFlight(StagedCopy):
     """A copy queued on a stream into a page-locked buffer, with an event and a mark behind it."""
 
@@ -1398,6 +1404,23 @@ class CudaExecutor(Executor):
     def unmap_imported(self, base: int, size: int, backing) -> None:
         self.unmap_memory(base, size, backing)
         _ok(driver.cuMemAddressFree(base, size))
+
+    def ipc_event_handle(self, event: int) -> bytes:
+        """Through the driver's own entry point: the handle is a 64-byte struct."""
+        handle = _IpcHandle()
+        get = self._driver_function("cuIpcGetEventHandle", 4010, (ctypes.c_void_p, ctypes.c_void_p))
+        result = get(ctypes.byref(handle), event)
+        if result:
+            raise CudaError(result, "cuIpcGetEventHandle")
+        return bytes(handle.reserved)
+
+    def ipc_open_event(self, handle: bytes) -> int:
+        opened = ctypes.c_void_p()
+        open_event = self._driver_function("cuIpcOpenEventHandle", 4010, (ctypes.c_void_p, _IpcHandle))
+        result = open_event(ctypes.byref(opened), _IpcHandle.from_buffer_copy(handle))
+        if result:
+            raise CudaError(result, "cuIpcOpenEventHandle")
+        return opened.value or 0
 
     # -- live migration (virtualize.server._migrate; the handles: virtualize.server._handles) -----------
 

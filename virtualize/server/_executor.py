@@ -170,7 +170,7 @@ GUARD_CALLS = (
     "gpResume",  # a process whose lease moved here from another server (virtualize.server._migrate_out)
     "gpProcessStart",  # a process that asks for a worker of its own (virtualize.server._process_workers)
     "gpLeaseMemory",  # what the lease holds of a device, for the process's NVML (LeaseState.in_use)
-    *("gpIpcImport", "gpIpcRelease"),  # IPC memory of another worker of the lease (_ipc_workers)
+    *("gpIpcImport", "gpIpcRelease", "gpIpcEventImport"),  # IPC of another worker of the lease (_ipc_workers)
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     "gpDeliveryAttach",  # more connections for the copies the callback connection carries
     "gpEventCreateNamed",  # an event the client has named, made as cuEventCreate makes one
@@ -729,6 +729,14 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def unmap_imported(self, base: int, size: int, backing: object) -> None: ...
+
+    @abc.abstractmethod
+    def ipc_event_handle(self, event: int) -> bytes:
+        """The driver's 64-byte IPC handle of interprocess event `event`, for another worker process."""
+
+    @abc.abstractmethod
+    def ipc_open_event(self, handle: bytes) -> int:
+        """An event of this process opened from another worker process's `ipc_event_handle`."""
 
     # Green contexts (`virtualize.server._guard_green`). A device resource is an id of the executor's,
     # given with its SM fields as (id, smCount, minSmPartitionSize, smCoscheduledAlignment).

@@ -488,6 +488,7 @@ class Session:
             "gpLeaseMemory": self._lease_memory,
             "gpIpcImport": self._ipc_import,
             "gpIpcRelease": self._ipc_release,
+            "gpIpcEventImport": self._ipc_event_import,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -1266,6 +1267,21 @@ class Session:
         """gpIpcRelease: the process closed the handle it opened (nothing to do for memory of this worker)."""
         if self.ipc_imports is not None and self.ipc_imports.close(ins[0]):
             self.lease.remove(ins[0])
+
+    def _ipc_event_import(self, call: Call, ins: tuple):
+        """gpIpcEventImport: an interprocess event another worker of the lease holds, opened here from the
+        driver's IPC handle of it (an event of this worker that the exporter's records complete)."""
+        event = ins[0]
+        if event in self.lease.handles["event"]:
+            return struct.pack("<Q", event), b""  # this worker's own
+        handle = (
+            None if self.ipc_imports is None else _ipc_workers.fetch_event(self.ipc_imports.state_dir, event)
+        )
+        if handle is None:
+            raise CudaError(CUresult.INVALID_HANDLE, f"0x{event:x} is an event of no worker of this lease")
+        opened = self.executor.ipc_open_event(handle)
+        self.lease.handles["event"].add(opened)
+        return struct.pack("<Q", opened), b""
 
     def _window_offer(self, call: Call, ins: tuple):
         return struct.pack("<QQ", *self.window.offer()), b""

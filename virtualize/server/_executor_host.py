@@ -789,6 +789,14 @@ class HostExecutor(Executor):
     def unmap_imported(self, base: int, size: int, backing) -> None:
         self._free(base)
 
+    def ipc_event_handle(self, event: int) -> bytes:
+        self._event(event)
+        return b"gpupool host event".ljust(64, b"\0")
+
+    def ipc_open_event(self, handle: bytes) -> int:
+        # every call here has run when it returns: the exporter's records are done, so is this event
+        return self.cuEventCreate(0x6)  # DISABLE_TIMING | INTERPROCESS
+
     # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
     # not share bytes, as they do on a GPU).
     def cuMemCreate(self, size, device, handle_types, usage=0):

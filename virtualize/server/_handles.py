@@ -91,7 +91,12 @@ ARRAY_SIDE = "array side"  # a 3D copy's side (`CopySide`): a CUDA array where i
 RESOURCE = "resource"  # a CUDA_RESOURCE_DESC's bytes: the array or mipmapped array it names
 RESOURCE_PARAMS = {"cuTexObjectCreate": "res", "cuSurfObjectCreate": "res"}  # methods taking one
 # Handles the guard passes that the table does not declare: the exported memory another process imports.
-GUARD_HANDLES = {"cuMemImportFromShareableHandle": {"handle": "vmem"}}
+GUARD_HANDLES = {
+    "cuMemImportFromShareableHandle": {"handle": "vmem"},
+    "ipc_event_handle": {
+        "event": "event"
+    },  # an event the client may have named (virtualize.server._ipc_workers)
+}
 RESOURCE_RESULTS = frozenset({"cuTexObjectGetResourceDesc", "cuSurfObjectGetResourceDesc"})  # answering one
 # The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
 # their values: nothing re-creates them).

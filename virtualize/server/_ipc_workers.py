@@ -10,9 +10,12 @@ cost nothing, bench/bench_exportable_memory.py) and answers, on a Unix socket in
 address in its own process (the address the handle names, as natively the program uses it) and serves
 the range as memory of the lease that it does not count: the partition counts it once, in the exporter.
 
+An interprocess event's handle is carried the same way: the opener's worker asks for the driver's own IPC
+handle of the event and opens it, an event of its own that waits on the exporter's records, as natively.
+
 Only the lease's workers reach the socket (the state folder is the lease's, its owner's alone); a handle
-of another lease names memory no worker of this lease has, and is refused as natively. IPC event handles
-and exported pools are not carried across workers (the shim says so).
+of another lease names memory no worker of this lease has, and is refused as natively. Exported pools and
+virtual-memory handles are not carried across workers (the shim says so).
 """
 
 from __future__ import annotations
@@ -32,8 +35,12 @@ from virtualize.server._executor import INVALID_VALUE, CudaError
 log = logging.getLogger("gpupool.worker")
 
 SOCKET_PREFIX = "ipc-"
-REQUEST = struct.Struct("<QQ")  # the allocation's address and size, as the handle names them
-ANSWER = struct.Struct("<iQQi")  # 0 or a CUresult; the pages' base and size; their device (an fd with 0)
+REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT: the event, 0
+MEMORY, EVENT = 0, 1
+ANSWER = struct.Struct(
+    "<iQQi"
+)  # MEMORY: 0 or a CUresult; the pages' base and size; their device (an fd with 0)
+EVENT_ANSWER = struct.Struct("<i64s")  # EVENT: 0 or a CUresult; the driver's IPC handle of the event
 ASK_TIMEOUT_S = 5.0
 
 
@@ -52,13 +59,16 @@ class Pages:
 
 
 class Exporter:
-    """This worker's side: answers the lease's other workers for the pages of its allocations. `pages_of`
-    (address, size) -> (pages' base, size, device, backing) or a CudaError; `export` (backing) -> a
-    descriptor for the pages, closed here once sent."""
+    """This worker's side: answers the lease's other workers for the pages of its allocations and for its
+    interprocess events. `pages_of` (address, size) -> (pages' base, size, device, backing) or a CudaError;
+    `export` (backing) -> a descriptor for the pages, closed here once sent; `event_handle` (event) -> the
+    driver's 64-byte IPC handle of it, or a CudaError."""
 
-    def __init__(self, state_dir: Path, pages_of: Callable, export: Callable[[object], int]) -> None:
+    def __init__(
+        self, state_dir: Path, pages_of: Callable, export: Callable[[object], int], event_handle: Callable
+    ) -> None:
         self.path = socket_path(state_dir, os.getpid())
-        self.pages_of, self.export = pages_of, export
+        self.pages_of, self.export, self.event_handle = pages_of, export, event_handle
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,7 +92,13 @@ class Exporter:
         request = _read(conn, REQUEST.size)
         if request is None:
             return
-        base, size = REQUEST.unpack(request)
+        kind, base, size = REQUEST.unpack(request)
+        if kind == EVENT:
+            try:
+                conn.sendall(EVENT_ANSWER.pack(0, self.event_handle(base)))
+            except CudaError as exc:
+                conn.sendall(EVENT_ANSWER.pack(exc.code, b""))
+            return
         try:
             pages_base, pages_size, device, backing = self.pages_of(base, size)
             fd = self.export(backing)
@@ -101,9 +117,8 @@ class Exporter:
             self.path.unlink()
 
 
-def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int] | None:
-    """The pages of another worker's allocation [base, +size): (descriptor, pages' base, size, device),
-    or None when no other worker of the lease has that allocation."""
+def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struct.Struct):
+    """Each other worker of the lease in turn, until one answers 0: (its answer's fields, descriptors)."""
     mine = socket_path(state_dir, os.getpid()).name
     for path in sorted(state_dir.glob(f"{SOCKET_PREFIX}*.sock")):
         if path.name == mine:
@@ -112,20 +127,32 @@ def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int] | 
             sock.settimeout(ASK_TIMEOUT_S)
             try:
                 sock.connect(str(path))
-                sock.sendall(REQUEST.pack(base, size))
-                data, fds, _, _ = socket.recv_fds(sock, ANSWER.size, 1)
+                sock.sendall(REQUEST.pack(kind, value, size))
+                data, fds, _, _ = socket.recv_fds(sock, answer.size, 1)
             except OSError:  # that worker has gone (its process ended): ask the next
                 continue
-        if len(data) != ANSWER.size:
-            for fd in fds:
-                os.close(fd)
-            continue
-        result, pages_base, pages_size, device = ANSWER.unpack(data)
-        if result == 0 and len(fds) == 1:
-            return fds[0], pages_base, pages_size, device
+        fields = answer.unpack(data) if len(data) == answer.size else (-1,)
+        if fields[0] == 0 and len(fds) == (kind == MEMORY):
+            return fields, fds
         for fd in fds:
             os.close(fd)
     return None
+
+
+def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int] | None:
+    """The pages of another worker's allocation [base, +size): (descriptor, pages' base, size, device),
+    or None when no other worker of the lease has that allocation."""
+    found = _ask_others(state_dir, MEMORY, base, size, ANSWER)
+    if found is None:
+        return None
+    (_, pages_base, pages_size, device), fds = found
+    return fds[0], pages_base, pages_size, device
+
+
+def fetch_event(state_dir: Path, event: int) -> bytes | None:
+    """The driver's IPC handle of another worker's interprocess event `event`, or None if no worker has it."""
+    found = _ask_others(state_dir, EVENT, event, 0, EVENT_ANSWER)
+    return None if found is None else found[0][1]
 
 
 def _read(conn: socket.socket, count: int) -> bytes | None:

@@ -16,9 +16,9 @@ a slot of one file every worker of the lease maps (`SharedUsage`), and an alloca
 lease's total does. Under MPS, the device-side assert of one client leaves the others working (measured
 on an H200: docs/remote.md, "Isolation"); an illegal address ends every client of that GPU, as MPS
 documents, so only a whole-GPU lease (no MPS) isolates that one.
-CUDA IPC memory handles are carried across them (virtualize.server._ipc_workers); not yet IPC event handles,
-exported pools and virtual-memory handles (opening one fails, and the shim says why), nor a move to another
-GPU or server (refused). NCCL between ranks in different workers connects worker to worker, as under --spread.
+CUDA IPC memory and event handles are carried across them (virtualize.server._ipc_workers); not yet exported
+pools and virtual-memory handles (opening one fails, and the shim says why), nor a move to another GPU or
+server (refused). NCCL between ranks in different workers connects worker to worker, as under --spread.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 
 from virtualize.common import _wire
 from virtualize.server import _ipc_workers
+from virtualize.server._executor import INVALID_HANDLE, CudaError
 
 log = logging.getLogger("gpupool.worker")
 
@@ -189,7 +190,9 @@ class ProcessWorkers:
         session.window.exportable = True
         session.ipc_imports = _ipc_workers.Imports(state_dir, executor)
         if self.exporter is None:
-            self.exporter = _ipc_workers.Exporter(state_dir, self._pages_of, executor.export_memory)
+            self.exporter = _ipc_workers.Exporter(
+                state_dir, self._pages_of, executor.export_memory, self._event_handle
+            )
 
     def _pages_of(self, base: int, size: int) -> tuple[int, int, int, object]:
         """The pages of this worker's allocation [base, +size) for another worker (its exporter's lookup)."""
@@ -198,6 +201,17 @@ class ProcessWorkers:
         if pages is None:
             raise _ipc_workers.not_found(base)
         return pages
+
+    def _event_handle(self, event: int) -> bytes:
+        """The driver's IPC handle of this worker's event `event` (the exporter's thread: in a context of the
+        lease, as the driver asks for one)."""
+        lease, executor = self.worker.lease, self.worker.executor
+        if event not in lease.handles["event"]:
+            raise CudaError(INVALID_HANDLE, f"0x{event:x} is an event of no process of this worker")
+        ctx = next(iter(lease.primary_ctx.values()), 0)
+        if ctx:
+            executor.set_context(ctx)
+        return executor.ipc_event_handle(event)
 
     def _hand_out(self, channel, client_pid: int) -> bytes:
         """A process worker for one new process (the spare, or one started now) and its MOVED_TO outs; a new

@@ -20,13 +20,14 @@ static int isolated(void) {
     return isolate && *isolate && strcmp(isolate, "0") != 0;
 }
 
-/* Such a worker maps another's memory that an IPC handle names (virtualize/server/_ipc_workers.py), but does not
- * hold another process's events, pools or virtual-memory handles: one of those that does not open says why, once. */
+/* Such a worker maps another's memory and opens another's event that an IPC handle names
+ * (virtualize/server/_ipc_workers.py), but not another process's pools or virtual-memory handles: one of those that
+ * does not open says why, once. */
 static CUresult across_workers(CUresult r, const char *what) {
     static int said;
     if (r != CUDA_SUCCESS && isolated() && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         gp_say("%s of another process: under GPUPOOL_ISOLATE (gpuattach run --isolate) each process has a worker "
-               "of its own, and only IPC memory handles open across them, not this (error %d)", what, (int)r);
+               "of its own, and only IPC memory and event handles open across them, not this (error %d)", what, (int)r);
     return r;
 }
 
@@ -214,7 +215,17 @@ CUresult cuIpcOpenEventHandle(uint64_t *event, struct gp_ipc_handle handle) {
     memcpy(&e, handle.reserved + 16, 8);
     /* The worker answers for this lease's events only: another lease's is CUDA_ERROR_INVALID_HANDLE. */
     CUresult r = cuEventQuery(e);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return across_workers(r, "an IPC event handle");
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && isolated()) {
+        /* another worker of the lease may hold it: opened in this process's worker, an event of its own */
+        struct gp_in_gpIpcEventImport in = {.event = e};
+        struct gp_out_gpIpcEventImport out;
+        r = gp_call(GP_CALL_gpIpcEventImport, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        if (r != CUDA_SUCCESS) return r;
+        gp_event_interprocess(out.opened);
+        *event = out.opened; /* this process's own: its cuEventDestroy destroys it */
+        return CUDA_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return r;
     pthread_mutex_lock(&ipc_event_lock);
     int i;
     for (i = 0; i < n_ipc_events && ipc_events[i].event != e; i++) {

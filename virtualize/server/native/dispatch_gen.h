@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x033c32a4u
+#define GPF_WIRE_VERSION 0x03d915c2u
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -79,34 +79,34 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {338, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
-    [C_CTX_SYNC] = {46, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {356, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_STREAM_QUERY] = {355, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_SYNC] = {487, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_QUERY] = {486, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_RECORD] = {484, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_RECORD_FLAGS] = {485, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_STREAM_WAIT_EVENT] = {357, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_HTOD] = {157, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_HTOD_ASYNC] = {158, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH] = {159, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH_ASYNC] = {160, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOD] = {174, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
-    [C_DTOD_ASYNC] = {175, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
-    [C_PINNED_COPY] = {168, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_HTOD] = {165, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_DTOH] = {166, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
-    [C_GRAPH_LAUNCH] = {478, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED] = {489, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_ELAPSED_V2] = {490, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_MEMSET_D8] = {252, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D16] = {253, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D32] = {254, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D8_ASYNC] = {255, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D16_ASYNC] = {256, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D32_ASYNC] = {257, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED_MANY] = {491, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
+    [C_LAUNCH] = {339, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
+    [C_CTX_SYNC] = {47, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
+    [C_STREAM_SYNC] = {357, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_STREAM_QUERY] = {356, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_SYNC] = {488, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_QUERY] = {487, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_RECORD] = {485, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_RECORD_FLAGS] = {486, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_STREAM_WAIT_EVENT] = {358, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_HTOD] = {158, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_HTOD_ASYNC] = {159, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH] = {160, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH_ASYNC] = {161, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOD] = {175, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
+    [C_DTOD_ASYNC] = {176, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
+    [C_PINNED_COPY] = {169, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_HTOD] = {166, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_DTOH] = {167, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
+    [C_GRAPH_LAUNCH] = {479, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED] = {490, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_ELAPSED_V2] = {491, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_MEMSET_D8] = {253, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D16] = {254, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D32] = {255, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D8_ASYNC] = {256, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D16_ASYNC] = {257, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D32_ASYNC] = {258, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED_MANY] = {492, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
