@@ -1524,8 +1524,10 @@ def scenario_ipc_export():
 
 
 def scenario_ipc_import():
-    """Open the handle in IPC_HANDLE, check what the exporter wrote, overwrite it, close."""
+    """With memory of its own first (its worker's window is made), open the handle in IPC_HANDLE, check what
+    the exporter wrote, overwrite it, close."""
     setup()
+    check(alloc(4096)[0], "alloc its own")
     handle = bytes.fromhex(os.environ["IPC_HANDLE"])
     ptr = c_u64()
 

@@ -222,13 +222,23 @@ def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shi
 
 
 @pytest.mark.parametrize("size", [4096, 3 * MiB])
-def test_with_isolate_ipc_handles_open_across_workers(shim_dir, worker, size):
+def test_with_isolate_ipc_handles_open_across_workers(shim_dir, size):
     """Under GPUPOOL_ISOLATE the exporter and the importer have workers of their own. A memory handle opens all
-    the same: the importer's worker maps the exporter's pages at their address, the importer reads the
-    exporter's bytes there and its write is what the exporter reads next, as natively; closing twice is
-    refused the second time. An event handle opens as an event of the importer's worker, which a stream
-    waits on and the importer destroys, the exporter's staying. Another lease's worker still gets nothing
-    from the handle."""
+    the same: the importer's worker maps the exporter's pages at their address (free there: the lease's
+    workers keep their windows apart, though here every worker draws the same random spots), the importer
+    reads the exporter's bytes there and its write is what the exporter reads next, as natively; closing
+    twice is refused the second time. An event handle opens as an event of the importer's worker, which a
+    stream waits on and the importer destroys, the exporter's staying. Another lease's worker still gets
+    nothing from the handle."""
+    worker = start_worker("isolated-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"GPUPOOL_WINDOW_SEED": "7"}, executor="host")  # fmt: skip
+    try:
+        _ipc_across_workers(shim_dir, worker, size)
+    finally:
+        worker.stop()
+
+
+def _ipc_across_workers(shim_dir, worker, size):
     env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", IPC_BYTES=str(size))  # a slab's; pages of its own
     exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)  # fmt: skip

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import random
 import threading
 from dataclasses import dataclass, field
@@ -42,10 +43,21 @@ HINT_LOW, HINT_HIGH = 0x1000_0000_0000, 0x5000_0000_0000
 MARKER_EVENT_FLAGS = 2  # CU_EVENT_DISABLE_TIMING: a marker, not a timer
 
 
-def _hint(size: int) -> int:
-    """A spot for `size` bytes in the windows' region, 1 GiB aligned, chosen at random."""
+# The windows' spots are random; GPUPOOL_WINDOW_SEED (the tests' seam) makes every worker draw the same ones.
+_spots = random.Random(
+    int(os.environ["GPUPOOL_WINDOW_SEED"]) if os.environ.get("GPUPOOL_WINDOW_SEED") else None
+)
+
+
+def _hint(size: int, avoid: list[tuple[int, int]] = ()) -> int:
+    """A spot for `size` bytes in the windows' region, 1 GiB aligned, chosen at random, clear of `avoid`
+    ((base, size) ranges: the windows of the lease's other workers) where a few draws find one."""
     slots = (HINT_HIGH - HINT_LOW - size) // WINDOW_ALIGN
-    return HINT_LOW + random.randrange(max(slots, 1)) * WINDOW_ALIGN
+    for _ in range(64):
+        hint = HINT_LOW + _spots.randrange(max(slots, 1)) * WINDOW_ALIGN
+        if not any(b < hint + size and hint < b + n for b, n in avoid):
+            break
+    return hint
 
 
 class WindowFull(Exception):
@@ -134,8 +146,10 @@ class WindowMemory:
         self.small_sizes: dict[int, int] = {}  # small allocation -> its size in its slab
         self.pending: list[tuple[int, int]] = []  # (allocation, event): freed once the event is reached
         self.ranges: dict[int, tuple[int, Window | None]] = {}  # cuMemAddressReserve'd: base -> size, window
-        # pages another worker process of the lease can map (virtualize.server._ipc_workers)
+        # pages another worker process of the lease can map, and the windows of the lease's other workers to
+        # stay clear of, so that those pages' addresses are free here (virtualize.server._ipc_workers)
         self.exportable = False
+        self.neighbours = None
         self.lock = threading.Lock()
 
     @property
@@ -148,7 +162,8 @@ class WindowMemory:
         """Reserve a new window (dropping one offered and not taken) and say where it is."""
         with self.lock:
             self._drop_offer()
-            base = self.executor.reserve_addresses(self.size, _hint(self.size))
+            avoid = self.neighbours.taken() if self.neighbours is not None else []
+            base = self.executor.reserve_addresses(self.size, _hint(self.size, avoid))
             self.offered = Window(base, self.size)
             return base, self.size
 
@@ -158,6 +173,8 @@ class WindowMemory:
                 raise CudaError(OUT_OF_MEMORY, f"0x{base:x} is not the window offered")
             self.windows.append(self.offered)
             self.offered = None
+            if self.neighbours is not None:
+                self.neighbours.note([(w.base, w.size) for w in self.windows])
         log.info("client reserved device addresses [0x%x, +%d GiB)", base, self.size >> 30)
 
     def _drop_offer(self) -> None:

@@ -35,6 +35,7 @@ from virtualize.server._executor import INVALID_VALUE, CudaError
 log = logging.getLogger("gpupool.worker")
 
 SOCKET_PREFIX = "ipc-"
+WINDOWS_PREFIX = "windows-"
 REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT: the event, 0
 MEMORY, EVENT = 0, 1
 ANSWER = struct.Struct(
@@ -112,9 +113,11 @@ class Exporter:
         log.info("pages [0x%x, +%d) exported to another worker of the lease", pages_base, pages_size)
 
     def close(self) -> None:
+        """The worker ends: its socket, and the note of its windows (Neighbours), go."""
         self.sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        for path in (self.path, self.path.with_name(f"{WINDOWS_PREFIX}{os.getpid()}")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struct.Struct):
@@ -163,6 +166,31 @@ def _read(conn: socket.socket, count: int) -> bytes | None:
             return None
         data += chunk
     return data
+
+
+class Neighbours:
+    """The windows of the lease's workers, each worker's in `windows-<pid>` of the state folder: a new window
+    keeps clear of the others', so another worker's pages can be mapped here at their own address."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / f"{WINDOWS_PREFIX}{os.getpid()}"
+
+    def taken(self) -> list[tuple[int, int]]:
+        ranges = []
+        for path in self.state_dir.glob(f"{WINDOWS_PREFIX}*"):
+            if path != self.path:
+                with contextlib.suppress(OSError, ValueError):
+                    ranges += [
+                        tuple(int(x, 16) for x in line.split()) for line in path.read_text().splitlines()
+                    ]
+        return ranges
+
+    def note(self, windows: list[tuple[int, int]]) -> None:
+        """This worker's windows now (written whole, then renamed: a reader sees all or the previous)."""
+        part = self.path.with_suffix(".part")
+        part.write_text("".join(f"{base:x} {size:x}\n" for base, size in windows))
+        part.replace(self.path)
 
 
 class Imports:

@@ -188,6 +188,7 @@ class ProcessWorkers:
         exportable, another worker's memory opened through this worker's imports, this worker's answered."""
         state_dir, executor = self.worker.state_dir, self.worker.executor
         session.window.exportable = True
+        session.window.neighbours = _ipc_workers.Neighbours(state_dir)
         session.ipc_imports = _ipc_workers.Imports(state_dir, executor)
         if self.exporter is None:
             self.exporter = _ipc_workers.Exporter(
