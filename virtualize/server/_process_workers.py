@@ -201,18 +201,21 @@ class ProcessWorkers:
         pages = a.window.pages_of(base) if a and a.base == base and size <= a.size and a.window else None
         if pages is None:
             raise _ipc_workers.not_found(base)
+        self._in_lease_context()
         return pages
 
     def _event_handle(self, event: int) -> bytes:
-        """The driver's IPC handle of this worker's event `event` (the exporter's thread: in a context of the
-        lease, as the driver asks for one)."""
-        lease, executor = self.worker.lease, self.worker.executor
-        if event not in lease.handles["event"]:
+        """The driver's IPC handle of this worker's event `event`."""
+        if event not in self.worker.lease.handles["event"]:
             raise CudaError(INVALID_HANDLE, f"0x{event:x} is an event of no process of this worker")
-        ctx = next(iter(lease.primary_ctx.values()), 0)
+        self._in_lease_context()
+        return self.worker.executor.ipc_event_handle(event)
+
+    def _in_lease_context(self) -> None:
+        """The exporter's thread in a context of the lease (a primary one), as the driver's calls want one."""
+        ctx = next(iter(self.worker.lease.primary_ctx.values()), 0)
         if ctx:
-            executor.set_context(ctx)
-        return executor.ipc_event_handle(event)
+            self.worker.executor.set_context(ctx)
 
     def _hand_out(self, channel, client_pid: int) -> bytes:
         """A process worker for one new process (the spare, or one started now) and its MOVED_TO outs; a new
