@@ -14,7 +14,7 @@ trainings as a user runs them: a real pool server and `gpuattach run -n 1 -p 0.5
 does; the summary lists PASS/FAIL/SKIP; the exit status is 1 if anything failed. Results also go
 to $OUT/remote_gpu_results.json when $OUT is set. The whole run takes about 8 minutes on an H100;
 `--only KEY ...` runs a part (keys: the programs' names without `prog_`, and quota torch_oom
-training resnet50 gpt2 isolation kill two_gpus pool). `--link` runs the trainings as a client on another
+training resnet50 gpt2 isolation isolate isolate_ipc kill two_gpus pool). `--link` runs the trainings as a client on another
 host gets them: the worker in one network namespace, the program in another, across a shaped veth
 (tests/netem_link.py: 25 Gbit/s, 20 µs each way, TLS on; needs root and iproute2, else SKIP with why).
 `--ring` runs every remote program with its connection over the command ring (GPUPOOL_SHIM_RING=1).
@@ -89,6 +89,7 @@ PROGRAMS = [
     "prog_graph_recapture.py",  # issue 25: a recapture (13.3; not found on a 13.0 driver), graph memory's life
     "prog_multicast.py",  # issue 25: a multicast object bound, mapped and written through (NOT_SUPPORTED w/o NVLS)
     "prog_proc_addresses.py",  # issue 25: cuGetProcAddress per (name, version) as the server's driver answers
+    "prog_ipc_raw.py",  # IPC memory (3 MiB, 4 KiB) and an interprocess event, parent to child
     "prog_zero_sized.py",  # issue 25: copies and memsets of zero bytes at any address (XLA's), as the driver answers
     "prog_pinned_pieces.py",  # issue 31: large copies into pinned tensors, in pieces over TLS, right and in order
 ]
@@ -346,6 +347,11 @@ def main() -> int:
             show("remote", rc, out, err, s)
             expect("isolate", out, {"child_error": "device-side assert", "parent_after_child": "True",
                                     "parent_matmul": "True"})  # fmt: skip
+
+        if selected("isolate_ipc"):  # CUDA IPC memory and event handles between two processes' own workers
+            for prog in ("prog_ipc_raw.py", "prog_torch_ipc.py", "prog_processes.py"):
+                native_vs_remote(f"isolate_ipc {prog}", [sys.executable, prog], native_one,
+                                 {**remote, "GPUPOOL_ISOLATE": "1"}, shim)  # fmt: skip
 
         models = [m for m in ("resnet50", "gpt2") if selected("training") or selected(m)]
         if models:
