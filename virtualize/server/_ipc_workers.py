@@ -90,8 +90,8 @@ class Exporter:
                     self._answer(conn)
 
     def _answer(self, conn: socket.socket) -> None:
-        request = _read(conn, REQUEST.size)
-        if request is None:
+        request = conn.recv(REQUEST.size, socket.MSG_WAITALL)
+        if len(request) != REQUEST.size:
             return
         kind, base, size = REQUEST.unpack(request)
         if kind == EVENT:
@@ -156,16 +156,6 @@ def fetch_event(state_dir: Path, event: int) -> bytes | None:
     """The driver's IPC handle of another worker's interprocess event `event`, or None if no worker has it."""
     found = _ask_others(state_dir, EVENT, event, 0, EVENT_ANSWER)
     return None if found is None else found[0][1]
-
-
-def _read(conn: socket.socket, count: int) -> bytes | None:
-    data = b""
-    while len(data) < count:
-        chunk = conn.recv(count - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
 
 
 class Neighbours:
