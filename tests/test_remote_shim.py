@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -234,6 +235,36 @@ def test_with_isolate_ipc_handles_open_across_workers(shim_dir, size):
                           env={"GPUPOOL_WINDOW_SEED": "7"}, executor="host")  # fmt: skip
     try:
         _ipc_across_workers(shim_dir, worker, size)
+    finally:
+        worker.stop()
+
+
+def test_with_isolate_a_state_folder_too_deep_for_a_socket_leaves_the_processes_running(
+    shim_dir, tmp_path, monkeypatch
+):
+    """Where the lease's state folder is too deep for a Unix socket's path, its workers cannot answer each
+    other: a handle of another process then fails to open (CUDA_ERROR_INVALID_VALUE, as one of another
+    lease), and the processes, the exporter's included, run on."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))  # where start_worker makes the state folder
+    worker = start_worker("deep-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                          executor="host")  # fmt: skip
+    try:
+        env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1")
+        exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            handle = exporter.stdout.readline().split()[1]
+            out, _ = run_client("ipc_import", {**env, "IPC_HANDLE": handle})
+            assert out == {"open": "1"}
+            exporter.stdin.write("\n")
+            exporter.stdin.flush()
+            assert exporter.stdout.readline().split()[0] == "event_handle"
+            assert exporter.stdout.readline().split() == ["after_import", "not", "all", "the", "importer's"]
+        finally:
+            exporter.kill()
+            exporter.wait(10)
     finally:
         worker.stop()
 

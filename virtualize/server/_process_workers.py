@@ -151,7 +151,8 @@ class ProcessWorkers:
         self.spare: tuple[subprocess.Popen, int, dict] | None = None  # started, waiting for a process
         self.spare_starting = False  # one spare at a time: a burst of processes starts no burst of spares
         self.stopping = False
-        self.exporter: _ipc_workers.Exporter | None = None  # once a process it serves is isolated
+        # once a process it serves is isolated (False: the socket could not be made)
+        self.exporter: _ipc_workers.Exporter | bool | None = None
 
     def running(self) -> int:
         """How many process workers of the lease serve a process now."""
@@ -191,9 +192,13 @@ class ProcessWorkers:
         session.window.neighbours = _ipc_workers.Neighbours(state_dir)
         session.ipc_imports = _ipc_workers.Imports(state_dir, executor)
         if self.exporter is None:
-            self.exporter = _ipc_workers.Exporter(
-                state_dir, self._pages_of, executor.export_memory, self._event_handle
-            )
+            try:
+                self.exporter = _ipc_workers.Exporter(
+                    state_dir, self._pages_of, executor.export_memory, self._event_handle
+                )
+            except OSError as exc:  # a state folder too deep for a socket's path, say: the process runs on
+                log.warning("this worker's memory cannot be opened by the lease's other processes (%s)", exc)
+                self.exporter = False
 
     def _pages_of(self, base: int, size: int) -> tuple[int, int, int, object]:
         """The pages of this worker's allocation [base, +size) for another worker (its exporter's lookup)."""
@@ -297,7 +302,7 @@ class ProcessWorkers:
 
     def stop(self) -> None:
         """The lease ends: its process workers end with it."""
-        if self.exporter is not None:
+        if self.exporter:
             self.exporter.close()
         with self.lock:
             self.stopping = True

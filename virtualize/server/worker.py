@@ -448,7 +448,7 @@ class Worker:
         with self._closed:
             self._closed.wait_for(lambda: not self.sessions and self._closing == 0, CLOSING_WAIT_S)
         log.info("its process has ended: the process worker exits")
-        if self.process_workers is not None and self.process_workers.exporter is not None:
+        if self.process_workers is not None and self.process_workers.exporter:
             self.process_workers.exporter.close()  # its IPC socket goes with it
         with contextlib.suppress(Exception):
             self.executor.close()
