@@ -1290,6 +1290,13 @@ def scenario_ipc_event_producer():
     check(cu.cuIpcGetEventHandle(handle, event), "get event handle")
     say("handles", f"{memory.raw.hex()} {handle.raw.hex()}")
     sys.stdin.readline()
+    if os.environ.get("IPC_SLOW_PRODUCER"):  # a long kernel first: the record is done only after it
+        module, sleep = c_u64(), c_u64()
+        check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+        check(cu.cuModuleGetFunction(ctypes.byref(sleep), module, b"sleep_ms"), "sleep_ms")
+        ms = ctypes.c_uint32(200)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(ms))
+        check(cu.cuLaunchKernel(sleep, 1, 1, 1, 1, 1, 1, 0, stream, params, None), "launch")
     check(cu.cuMemsetD8Async(c_u64(dev), 0x3C, c_u64(64), stream), "memset")
     check(cu.cuEventRecord(event, stream), "record")
     say("recorded", 1)

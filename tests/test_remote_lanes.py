@@ -111,6 +111,8 @@ def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_re
         GPUPOOL_SHIM_COALESCE_US="10000",
         GPUPOOL_ISOLATE=isolate,
     )
+    if isolate == "1":  # two workers: the producer's must have done the record (behind a long kernel) first
+        env["IPC_SLOW_PRODUCER"] = "1"
     with ipc_pair("ipc_event_producer", env) as tell:
         assert tell(tell.consumer, "before") == ["before", "00000000"]
         assert tell(tell.producer, "go") == ["recorded", "1"]

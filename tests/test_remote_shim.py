@@ -1020,8 +1020,13 @@ def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_
     assert "not forwarded yet" not in err  # every call of the scenario is served
 
 
-def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
-    out, _ = run_client("pool_export", client_env(shim_dir, worker))
+@pytest.mark.parametrize("isolate", ["0", "1"])
+def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker, isolate):
+    """A pool exported as a file descriptor and a pointer of it open in a child process, which reads the
+    parent's bytes and writes its own; freeing the imported pointer ends only the child's use. The same with
+    a worker per process (GPUPOOL_ISOLATE): the pool is held by the child's shim, the pointer mapped from the
+    parent's worker."""
+    out, _ = run_client("pool_export", client_env(shim_dir, worker, GPUPOOL_ISOLATE=isolate))
     assert out == {
         "import_pool": "0",
         "import_pointer": "0",

@@ -16,9 +16,9 @@ a slot of one file every worker of the lease maps (`SharedUsage`), and an alloca
 lease's total does. Under MPS, the device-side assert of one client leaves the others working (measured
 on an H200: docs/remote.md, "Isolation"); an illegal address ends every client of that GPU, as MPS
 documents, so only a whole-GPU lease (no MPS) isolates that one.
-CUDA IPC memory and event handles are carried across them (virtualize.server._ipc_workers); not yet exported
-pools and virtual-memory handles (opening one fails, and the shim says why), nor a move to another GPU or
-server (refused). NCCL between ranks in different workers connects worker to worker, as under --spread.
+CUDA IPC memory, event and pool handles are carried across them (virtualize.server._ipc_workers); not yet
+virtual-memory handles (opening one fails, and the shim says why), nor a move to another GPU or server
+(refused). NCCL between ranks in different workers connects worker to worker, as under --spread.
 """
 
 from __future__ import annotations

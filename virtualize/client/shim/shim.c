@@ -836,12 +836,10 @@ static int ring_wanted(void) {
  * HARDWARE_STACK_ERROR, ILLEGAL_INSTRUCTION, MISALIGNED_ADDRESS, INVALID_ADDRESS_SPACE, INVALID_PC, LAUNCH_FAILED. */
 static int is_context_fault(CUresult r) { return r == 700 || r == 702 || r == 710 || (r >= 714 && r <= 719); }
 
-static int isolate_wanted(void);
-
 /* Without --isolate the lease's processes share one context on the GPU server, so a kernel fault in one is
  * every one's from then on, where natively it is only the faulting process's: said once, with the way out. */
 static void shared_context_hint(CUresult r) {
-    if (isolate_wanted() || __atomic_exchange_n(&context_hint_said, 1, __ATOMIC_RELAXED)) return;
+    if (gp_isolated() || __atomic_exchange_n(&context_hint_said, 1, __ATOMIC_RELAXED)) return;
     gp_say("CUDA error %d ends the context this lease's processes share on the GPU server: every process of the run "
            "gets it from now on, where natively only the faulting one would; `gpuattach run --isolate` gives each "
            "process a context of its own (docs/remote.md, \"Isolation\")", (int)r);
@@ -849,7 +847,7 @@ static void shared_context_hint(CUresult r) {
 
 /* GPUPOOL_ISOLATE=1 (gpuattach run --isolate): this process runs in a worker process of its own, so a fault of
  * its kernels (a device-side assert) ends its own context only, as natively (virtualize/server/_process_workers.py). */
-static int isolate_wanted(void) {
+int gp_isolated(void) {
     const char *env = getenv("GPUPOOL_ISOLATE");
     return env && *env && strcmp(env, "0") != 0;
 }
@@ -991,7 +989,7 @@ static CUresult prepare_locked(void) {
     if (conn_fd < 0) {
         CUresult r = connect_worker();
         if (r) return r;
-        if (!thread_conn && isolate_wanted()) process_start_locked();
+        if (!thread_conn && gp_isolated()) process_start_locked();
         if (conn_failure) return conn_failure;
         if (!thread_conn && conn_local && !conn_ssl && ring_wanted()) ring_attach_locked();
         if (conn_failure) return conn_failure;
@@ -1046,15 +1044,26 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     uint64_t generation = gp_idle_generation();
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
+    uint64_t shared_event = 0; /* an interprocess event recorded: another process may wait on it once this returns */
     if (call == GP_CALL_cuEventRecord || call == GP_CALL_cuEventRecordWithFlags) {
         const struct gp_in_cuEventRecord *record = args; /* both begin with the event and the stream */
         gp_event_recorded(record->event, record->stream);
-        if (gp_event_is_interprocess(record->event)) flags |= GP_FLAG_SEND_NOW;
+        if (gp_event_is_interprocess(record->event)) {
+            flags |= GP_FLAG_SEND_NOW;
+            shared_event = record->event;
+        }
     }
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
+    if (shared_event && r == CUDA_SUCCESS && gp_isolated()) {
+        /* The other process's worker is another: the record must be done here before that one's wait is, as
+         * natively. A query behind it on this connection comes back once it is (its answer does not matter). */
+        struct gp_in_cuEventQuery query = {.event = shared_event};
+        call_locked(GP_CALL_cuEventQuery, GP_FLAG_WANTS_REPLY, &query, sizeof query, NULL, 0, NULL, 0, NULL, 0, NULL,
+                    0);
+    }
     pthread_mutex_unlock(&conn_lock);
     if (is_context_fault(r)) shared_context_hint(r);
     /* after the program's cuInit its calls go to the worker even when it failed: a lease that cannot be

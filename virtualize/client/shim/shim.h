@@ -170,4 +170,11 @@ int gp_pool_free_local(uint64_t ptr, CUresult *r); /* 1 when ptr was one of thei
 CUresult gp_pool_attribute_local(uint64_t pool, int32_t attr, void *value, int set);
 CUresult gp_pool_destroy_local(uint64_t pool);
 
+/* IPC between the workers of an isolated lease (shim_ipc.c): memory this process opened from another process's
+ * worker goes there too when the program lets it go; a pool imported from another process's worker is held
+ * here only (its pointers open as IPC memory handles do), and destroying it forgets it. */
+void gp_ipc_release(uint64_t base);
+int gp_isolated(void); /* GPUPOOL_ISOLATE: this process has a worker of its own (shim.c) */
+int gp_pool_forget_imported(uint64_t pool);
+
 void gp_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -14,20 +14,14 @@
 
 static const char ipc_magic[16] = "gpupool ipc 1";
 
-/* Under GPUPOOL_ISOLATE each process of the lease has a worker of its own (virtualize/server/_process_workers.py). */
-static int isolated(void) {
-    const char *isolate = getenv("GPUPOOL_ISOLATE");
-    return isolate && *isolate && strcmp(isolate, "0") != 0;
-}
-
-/* Such a worker maps another's memory and opens another's event that an IPC handle names
- * (virtualize/server/_ipc_workers.py), but not another process's pools or virtual-memory handles: one of those that
- * does not open says why, once. */
+/* Such a worker maps another's memory and opens another's event or pool that an IPC handle names
+ * (virtualize/server/_ipc_workers.py), but not another process's virtual-memory handles: one of those that does not
+ * open says why, once. */
 static CUresult across_workers(CUresult r, const char *what) {
     static int said;
-    if (r != CUDA_SUCCESS && isolated() && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    if (r != CUDA_SUCCESS && gp_isolated() && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         gp_say("%s of another process: under GPUPOOL_ISOLATE (gpuattach run --isolate) each process has a worker "
-               "of its own, and only IPC memory and event handles open across them, not this (error %d)", what, (int)r);
+               "of its own, and IPC memory, event and pool handles open across them, not this (error %d)", what, (int)r);
     return r;
 }
 
@@ -53,7 +47,7 @@ static CUresult ipc_open(uint64_t *pdptr, struct gp_ipc_handle handle) {
      * allocation freed since, is refused there. */
     uint64_t got_base = 0, got_size = 0;
     CUresult r = cuMemGetAddressRange_v2(&got_base, &got_size, base);
-    if (r != CUDA_SUCCESS && isolated()) { /* another worker of the lease may hold it: mapped into this one */
+    if (r != CUDA_SUCCESS && gp_isolated()) { /* another worker of the lease may hold it: mapped into this one */
         struct gp_in_gpIpcImport in = {.base = base, .size = size};
         r = gp_call(GP_CALL_gpIpcImport, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
         if (r == CUDA_SUCCESS) r = cuMemGetAddressRange_v2(&got_base, &got_size, base);
@@ -109,8 +103,27 @@ static CUresult handle_from_fd(const char magic[16], int fd, uint64_t *value) {
 static const char pool_magic[16] = "gpupool pool 1";
 #define POOL_ATTR_RELEASE_THRESHOLD 4
 
+/* Pools imported from another process's worker (GPUPOOL_ISOLATE): this worker does not hold them. */
+static uint64_t imported_pools[64];
+static int n_imported_pools;
+static pthread_mutex_t imported_pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int pool_imported(uint64_t pool, int forget) {
+    pthread_mutex_lock(&imported_pools_lock);
+    int i;
+    for (i = 0; i < n_imported_pools && imported_pools[i] != pool; i++) {
+    }
+    int found = i < n_imported_pools;
+    if (found && forget) imported_pools[i] = imported_pools[--n_imported_pools];
+    pthread_mutex_unlock(&imported_pools_lock);
+    return found;
+}
+
+int gp_pool_forget_imported(uint64_t pool) { return pool_imported(pool, 1); }
+
 static CUresult pool_of_lease(uint64_t pool) { /* the worker refuses a pool that is not the lease's */
     uint64_t threshold;
+    if (pool_imported(pool, 0)) return CUDA_SUCCESS; /* another worker's, imported here */
     return cuMemPoolGetAttribute(pool, POOL_ATTR_RELEASE_THRESHOLD, &threshold);
 }
 
@@ -130,7 +143,17 @@ CUresult cuMemPoolImportFromShareableHandle(uint64_t *pool, void *handle, int32_
     if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t p;
     CUresult r = handle_from_fd(pool_magic, (int)(intptr_t)handle, &p);
-    if (r == CUDA_SUCCESS) r = across_workers(pool_of_lease(p), "a memory pool");
+    if (r != CUDA_SUCCESS) return r; /* not a pool a process of a gpupool lease exported */
+    r = pool_of_lease(p);
+    if (r != CUDA_SUCCESS && gp_isolated()) {
+        /* another worker's pool: held here, its pointers open as IPC memory handles do (from this lease's
+         * workers only), destroying it forgets it */
+        pthread_mutex_lock(&imported_pools_lock);
+        int room = n_imported_pools < (int)(sizeof imported_pools / sizeof *imported_pools);
+        if (room) imported_pools[n_imported_pools++] = p;
+        pthread_mutex_unlock(&imported_pools_lock);
+        r = room ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (r == CUDA_SUCCESS) *pool = p;
     return r;
 }
@@ -178,16 +201,19 @@ CUresult cuMemPoolImportPointer(uint64_t *ptr, uint64_t pool, void *data) {
     return ipc_open(ptr, handle);
 }
 
+void gp_ipc_release(uint64_t base) {
+    if (!gp_isolated()) return; /* one worker: nothing was mapped for this process */
+    struct gp_in_gpIpcRelease in = {.base = base}; /* the worker ignores memory it did not map from another */
+    gp_call(GP_CALL_gpIpcRelease, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 CUresult cuIpcCloseMemHandle(uint64_t dptr) {
     GP_TRACE("cuIpcCloseMemHandle");
     uint64_t base;
     int owned;
     if (!gp_dev_lookup(dptr, &base, NULL, &owned) || owned || base != dptr) return CUDA_ERROR_INVALID_VALUE;
     gp_dev_remove(base);
-    if (isolated()) { /* another worker's memory mapped into this process's: let go there too */
-        struct gp_in_gpIpcRelease in = {.base = base};
-        return gp_call(GP_CALL_gpIpcRelease, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    }
+    gp_ipc_release(base);
     return CUDA_SUCCESS;
 }
 
@@ -215,7 +241,7 @@ CUresult cuIpcOpenEventHandle(uint64_t *event, struct gp_ipc_handle handle) {
     memcpy(&e, handle.reserved + 16, 8);
     /* The worker answers for this lease's events only: another lease's is CUDA_ERROR_INVALID_HANDLE. */
     CUresult r = cuEventQuery(e);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && isolated()) {
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && gp_isolated()) {
         /* another worker of the lease may hold it: opened in this process's worker, an event of its own */
         struct gp_in_gpIpcEventImport in = {.event = e};
         struct gp_out_gpIpcEventImport out;

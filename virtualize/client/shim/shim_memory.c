@@ -259,6 +259,7 @@ CUresult cuMemFree_v2(uint64_t dptr) {
     if (mirror == GP_MIRROR_MANAGED) gp_managed_remove(dptr);
     if (imported(dptr)) {
         gp_dev_remove(dptr);
+        gp_ipc_release(dptr);
         return CUDA_SUCCESS;
     }
     CUresult r = free_remote(dptr, 0, 0);
@@ -272,6 +273,7 @@ CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream) {
     if (gp_pool_free_local(dptr, &freed)) return freed; /* from a pool of host or managed memory */
     if (imported(dptr)) {
         gp_dev_remove(dptr);
+        gp_ipc_release(dptr);
         return CUDA_SUCCESS;
     }
     int owned = 0;

@@ -178,6 +178,7 @@ CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
 CUresult cuMemPoolDestroy(uint64_t pool) {
     GP_TRACE("cuMemPoolDestroy");
     if (gp_pool_is_local(pool)) return gp_pool_destroy_local(pool);
+    if (gp_pool_forget_imported(pool)) return CUDA_SUCCESS; /* another worker's: its exporter destroys it */
     struct gp_in_cuMemPoolDestroy in = {.pool = pool};
     return gp_call(GP_CALL_cuMemPoolDestroy, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
