@@ -38,10 +38,10 @@ SOCKET_PREFIX = "ipc-"
 WINDOWS_PREFIX = "windows-"
 REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT: the event, 0
 MEMORY, EVENT = 0, 1
-ANSWER = struct.Struct(
-    "<iQQi"
-)  # MEMORY: 0 or a CUresult; the pages' base and size; their device (an fd with 0)
-EVENT_ANSWER = struct.Struct("<i64s")  # EVENT: 0 or a CUresult; the driver's IPC handle of the event
+# MEMORY's answer: 0 or a CUresult; the pages' base and size; their device (and a descriptor with 0)
+ANSWER = struct.Struct("<iQQi")
+# EVENT's answer: 0 or a CUresult; the driver's IPC handle of the event
+EVENT_ANSWER = struct.Struct("<i64s")
 ASK_TIMEOUT_S = 5.0
 
 
@@ -86,8 +86,12 @@ class Exporter:
                 return
             with conn:
                 conn.settimeout(ASK_TIMEOUT_S)
-                with contextlib.suppress(OSError):
+                try:
                     self._answer(conn)
+                except OSError:  # the asking worker has gone
+                    pass
+                except Exception:  # a bug here must not stop the answers to the next ones
+                    log.exception("answering another worker of the lease failed")
 
     def _answer(self, conn: socket.socket) -> None:
         request = conn.recv(REQUEST.size, socket.MSG_WAITALL)
