@@ -229,11 +229,6 @@ class Imports:
         self.executor.unmap_imported(pages.base, pages.size, pages.backing)
         return True
 
-    def close_all(self) -> None:
-        for base in list(self.opened):
-            with contextlib.suppress(CudaError):
-                self.close(base)
-
 
 def not_found(base: int) -> CudaError:
     return CudaError(INVALID_VALUE, f"0x{base:x} is memory of no worker of this lease")
