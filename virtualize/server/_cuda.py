@@ -153,6 +153,13 @@ def _ok(result):
     return result[1:]
 
 
+def _named(call: str, result):
+    """_ok, with the failing entry point named in the error (for steps an operator's log has to tell apart)."""
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError(int(result[0]), call)
+    return _ok(result)
+
+
 def _int(value) -> int:
     return int(value) if value is not None else 0
 
@@ -1377,33 +1384,25 @@ class CudaExecutor(Executor):
         return _int(_ok(driver.cuMemExportToShareableHandle(backing, posix, 0)))
 
     def import_memory(self, fd: int, base: int, size: int, device: int):
-        """The sequence bench/bench_exportable_memory.py measured: import, reserve the exporter's address,
-        map, grant access."""
+        """The sequence bench/bench_exportable_memory.py measured: import, map into the range reserved for
+        it, grant access."""
         posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        handle = _ok(driver.cuMemImportFromShareableHandle(fd, posix))
-        err, got = driver.cuMemAddressReserve(size, 0, base, 0)
-        if err != driver.CUresult.CUDA_SUCCESS or _int(got) != base:
-            if err == driver.CUresult.CUDA_SUCCESS:
-                driver.cuMemAddressFree(got, size)
-            driver.cuMemRelease(handle)
-            raise CudaError(CUresult.INVALID_VALUE, f"[0x{base:x}, +{size}) is not free in this worker")
+        handle = _named("cuMemImportFromShareableHandle", driver.cuMemImportFromShareableHandle(fd, posix))
         try:
-            _ok(driver.cuMemMap(base, size, 0, handle, 0))
+            _named("cuMemMap", driver.cuMemMap(base, size, 0, handle, 0))
             try:
                 access = self._access(device)
-                _ok(driver.cuMemSetAccess(base, size, access, len(access)))
+                _named("cuMemSetAccess", driver.cuMemSetAccess(base, size, access, len(access)))
             except BaseException:
                 driver.cuMemUnmap(base, size)
                 raise
         except BaseException:
-            driver.cuMemAddressFree(base, size)
             driver.cuMemRelease(handle)
             raise
         return handle
 
     def unmap_imported(self, base: int, size: int, backing) -> None:
         self.unmap_memory(base, size, backing)
-        _ok(driver.cuMemAddressFree(base, size))
 
     def ipc_event_handle(self, event: int) -> bytes:
         """Through the driver's own entry point: the handle is a 64-byte struct."""

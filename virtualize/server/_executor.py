@@ -724,8 +724,8 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def import_memory(self, fd: int, base: int, size: int, device: int) -> object:
-        """Map another worker process's exported memory at `base`, the address it has there, readable and
-        writable as `map_memory`'s; CudaError INVALID_VALUE when that address is not free here."""
+        """Map another worker process's exported memory at `base`, the address it has there, inside a range
+        `reserve_addresses` gave here; readable and writable as `map_memory`'s."""
 
     @abc.abstractmethod
     def unmap_imported(self, base: int, size: int, backing: object) -> None: ...

@@ -776,12 +776,9 @@ class HostExecutor(Executor):
         return os.dup(self.exportable[backing][0])
 
     def import_memory(self, fd: int, base: int, size: int, device: int):
-        with (
-            self.lock
-        ):  # reserved at `base` as the driver would be asked to: refused where a range is already
-            if any(b < base + size and base < b + n for b, n in self.reserved.items()):
-                raise CudaError(INVALID_VALUE, f"[0x{base:x}, +{size}) is not free in this worker")
-            self.reserved[base] = size
+        with self.lock:  # into a range reserved for it, as cuMemMap wants
+            if not any(b <= base and base + size <= b + n for b, n in self.reserved.items()):
+                raise CudaError(INVALID_VALUE, f"[0x{base:x}, +{size}) is not in a reserved range")
         shared = mmap.mmap(fd, size)
         self._place(base, 0, device)
         with self.lock:
@@ -790,7 +787,6 @@ class HostExecutor(Executor):
 
     def unmap_imported(self, base: int, size: int, backing) -> None:
         self._free(base)
-        self.release_addresses(base, size)
 
     def ipc_event_handle(self, event: int) -> bytes:
         self._event(event)

@@ -56,6 +56,7 @@ class Pages:
     base: int
     size: int
     backing: object
+    window: int  # the base of the reservation here that holds them (Imports.windows)
     opens: int = 0
 
 
@@ -189,12 +190,21 @@ class Neighbours:
 
 class Imports:
     """This worker's side of opening: other workers' pages mapped here, by their base; each opened range
-    is served as memory of the lease that this worker does not count (its exporter does)."""
+    is served as memory of the lease that this worker does not count (its exporter does).
+
+    The pages go where the exporter has them, inside a reservation here of the exporter's whole window:
+    the driver places a reservation at the address asked for when it is window-shaped (1 GiB aligned, as
+    the exporter's own was made), not a few pages' worth (measured on an H200: a 2 MiB reservation at
+    another worker's address was put elsewhere)."""
 
     def __init__(self, state_dir: Path, executor) -> None:
         self.state_dir, self.executor = state_dir, executor
+        self.neighbours = Neighbours(state_dir)
         self.pages: dict[int, Pages] = {}
         self.opened: dict[int, int] = {}  # an opened range's address -> its pages' base
+        self.windows: dict[
+            int, list[int]
+        ] = {}  # another worker's window reserved here: base -> [size, pages]
         self.lock = threading.Lock()
 
     def open(self, base: int, size: int) -> int | None:
@@ -207,13 +217,48 @@ class Imports:
             with self.lock:
                 pages = self.pages.get(pages_base)
                 if pages is None:
-                    backing = self.executor.import_memory(fd, pages_base, pages_size, device)
-                    pages = self.pages[pages_base] = Pages(pages_base, pages_size, backing)
+                    window = self._reserve_window(pages_base, pages_size)
+                    try:
+                        backing = self.executor.import_memory(fd, pages_base, pages_size, device)
+                    except CudaError as exc:  # the program sees only an error code: say here what failed
+                        self._release_window(window)
+                        log.warning("pages [0x%x, +%d) of another worker of the lease could not be mapped "
+                                    "here: %s", pages_base, pages_size, exc)  # fmt: skip
+                        raise
+                    pages = self.pages[pages_base] = Pages(pages_base, pages_size, backing, window)
                 pages.opens += 1
                 self.opened[base] = pages_base
         finally:
             os.close(fd)
         return device
+
+    def _reserve_window(self, base: int, size: int) -> int:
+        """The exporter's window holding [base, +size), reserved here at its own address (once for all the
+        pages mapped from it); its base."""
+        window = next(
+            ((b, n) for b, n in self.neighbours.taken() if b <= base and base + size <= b + n), None
+        )
+        window_base, window_size = window or (base, size)  # no note of it: the pages' own range
+        held = self.windows.get(window_base)
+        if held is None:
+            got = self.executor.reserve_addresses(window_size, window_base)
+            if got != window_base:
+                self.executor.release_addresses(got, window_size)
+                log.warning("another worker's window [0x%x, +%d) is not free here: the driver offered 0x%x",
+                            window_base, window_size, got)  # fmt: skip
+                raise CudaError(
+                    INVALID_VALUE, f"[0x{window_base:x}, +{window_size}) is not free in this worker"
+                )
+            held = self.windows[window_base] = [window_size, 0]
+        held[1] += 1
+        return window_base
+
+    def _release_window(self, window_base: int) -> None:
+        held = self.windows[window_base]
+        held[1] -= 1
+        if not held[1]:
+            del self.windows[window_base]
+            self.executor.release_addresses(window_base, held[0])
 
     def close(self, base: int) -> bool:
         """The program closed its handle to [base, ...): unmapped once no handle uses its pages."""
@@ -226,7 +271,8 @@ class Imports:
             if pages.opens:
                 return True
             del self.pages[pages_base]
-        self.executor.unmap_imported(pages.base, pages.size, pages.backing)
+            self.executor.unmap_imported(pages.base, pages.size, pages.backing)
+            self._release_window(pages.window)
         return True
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
-from _common import ok
+from _common import loaded_libcuda, ok
 from cuda.bindings import driver as cu
 
 SIZES = (3 << 20, 4096)
@@ -89,6 +89,7 @@ def main() -> int:
     handles.append(handle_of("cuIpcGetEventHandle", int(event)))
     result = subprocess.run([sys.executable, __file__], env={**os.environ, "IPC_HANDLES": " ".join(handles)},
                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    print("libcuda", loaded_libcuda(), file=sys.stderr)
     print(result.stdout.strip() or f"child failed: {result.stderr.strip()[-300:]}")
     for ptr, size in zip(buffers, SIZES, strict=True):
         print(f"parent reads the child's write into {size} bytes: {bool((read(ptr, size) == 0xAB).all())}")

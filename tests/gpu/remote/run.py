@@ -161,7 +161,11 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stdin=None):
             cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE, input=stdin
         )
     except subprocess.TimeoutExpired as exc:
-        return 124, exc.stdout or "", (exc.stderr or "") + "\n(timed out)", time.monotonic() - started
+        text = [
+            x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+            for x in (exc.stdout, exc.stderr)
+        ]
+        return 124, text[0], text[1] + "\n(timed out)", time.monotonic() - started
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started
 
 
@@ -196,16 +200,18 @@ NATIVE: dict[str, tuple[int, str, str, float]] = {}
 NATIVE_TRAINING: dict[str, tuple[int, list[float], dict]] = {}
 
 
-def native_vs_remote(name: str, cmd: list[str], native_env, remote_env_, shim: Path) -> None:
+def native_vs_remote(
+    name: str, cmd: list[str], native_env, remote_env_, shim: Path, timeout: float = 600
+) -> None:
     step(f"{name}: native run")
-    n = NATIVE[name] = run(cmd, native_env)
+    n = NATIVE[name] = run(cmd, native_env, timeout)
     show("native", *n)
     if n[0] != 0 and "ModuleNotFoundError" in n[2]:
         missing = [line for line in n[2].splitlines() if "ModuleNotFoundError" in line][-1]
         record(name, "SKIP", f"not installed here: {missing.strip()}")
         return
     step(f"{name}: remote run (gpupool libcuda.so.1 -> worker)")
-    r = run(cmd, remote_env_)
+    r = run(cmd, remote_env_, timeout)
     show("remote", *r)
     remote_lib = libcuda_line(r[2])
     problems = []
@@ -351,7 +357,7 @@ def main() -> int:
         if selected("isolate_ipc"):  # CUDA IPC memory and event handles between two processes' own workers
             for prog in ("prog_ipc_raw.py", "prog_torch_ipc.py", "prog_processes.py"):
                 native_vs_remote(f"isolate_ipc {prog}", [sys.executable, prog], native_one,
-                                 {**remote, "GPUPOOL_ISOLATE": "1"}, shim)  # fmt: skip
+                                 {**remote, "GPUPOOL_ISOLATE": "1"}, shim, timeout=120)  # fmt: skip
 
         models = [m for m in ("resnet50", "gpt2") if selected("training") or selected(m)]
         if models:
