@@ -352,14 +352,16 @@ VMM_SHARE_LINES = [
 ]
 
 
-def test_the_gpu_machines_vmm_sharing_program_runs_here_on_a_two_device_lease(shim_dir, tmp_path):
+@pytest.mark.parametrize("isolate", ["", "1"], ids=["shared", "isolate"])
+def test_the_gpu_machines_vmm_sharing_program_runs_here_on_a_two_device_lease(shim_dir, tmp_path, isolate):
     """tests/gpu/multi/prog_vmm_share.py itself (NCCL's cuMem transport by hand, cuda.bindings): memory
     exported as a descriptor by a process on device 0 is imported, mapped and written by one on device
-    1, exported after mapping and imported before the exporter maps it."""
+    1, exported after mapping and imported before the exporter maps it; with GPUPOOL_ISOLATE, between
+    the two processes' own workers."""
     handle = start_worker("two", [WorkerDevice(i, "", 64 * MiB) for i in range(2)], bind_host="127.0.0.1", env={},
                           executor="host")  # fmt: skip
     try:
-        proc = _vmm_share(client_env(shim_dir, handle), tmp_path)
+        proc = _vmm_share(client_env(shim_dir, handle, GPUPOOL_ISOLATE=isolate), tmp_path)
     finally:
         handle.stop()
     assert proc.stdout.splitlines() == VMM_SHARE_LINES, proc.stdout + proc.stderr

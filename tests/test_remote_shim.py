@@ -1789,17 +1789,20 @@ def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_sh
     assert "gpupool:" not in err
 
 
+@pytest.mark.parametrize("isolate", ["", "1"], ids=["shared", "isolate"])
 def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl_does_and_other_leases_cannot(
-    shim_dir, worker
+    shim_dir, worker, isolate
 ):
     """NCCL's cuMem transport between two ranks of one lease: memory exported as a POSIX descriptor and
     passed over a Unix socket is imported, mapped and written by the other process; the exporter sees the
     write and the partition counts the memory once; the importer keeps using and then releases its
     reference after the exporter has released its own. A process of another lease given the same
     descriptor is refused, as are a descriptor that names nothing and memory not created to be shared.
-    The device offers POSIX descriptors and no fabric handles or multicast, which are not forwarded."""
-    socket_name = f"gpupool-test-vmm-{os.getpid()}"
-    env = client_env(shim_dir, worker, VMM_SOCKET=socket_name)
+    The device offers POSIX descriptors and no fabric handles or multicast, which are not forwarded.
+    With GPUPOOL_ISOLATE each rank has a worker of its own, and the memory is carried between them; there
+    the partition counts it in its exporter's worker, so no longer once the exporter has gone."""
+    socket_name = f"gpupool-test-vmm-{os.getpid()}-{isolate}"
+    env = client_env(shim_dir, worker, VMM_SOCKET=socket_name, GPUPOOL_ISOLATE=isolate)
     exporter = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     importer = None
@@ -1827,7 +1830,8 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
         assert parse(out) == {
             "sees_after_exporter_left": "True",  # the importer's mapping keeps the memory
             "import_again": "0 0",  # and its reference keeps the descriptor good: imported and released again
-            "used_mib_after_exporter_left": "4",  # counted once while any process of the lease holds it ...
+            # counted once while any process of the lease holds it (isolated: while its exporter does) ...
+            "used_mib_after_exporter_left": "0" if isolate else "4",
             "used_mib_at_end": "0",  # ... and no longer once none does
             "release_while_mapped": "0",  # its own reference, still the lease's after the exporter's went
             "after_release": "cdcdcdcd",

@@ -1404,6 +1404,19 @@ class CudaExecutor(Executor):
     def unmap_imported(self, base: int, size: int, backing) -> None:
         self.unmap_memory(base, size, backing)
 
+    def export_vm(self, handle: int) -> int:
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        found = driver.cuMemExportToShareableHandle(driver.CUmemGenericAllocationHandle(handle), posix, 0)
+        return _int(_named("cuMemExportToShareableHandle", found))
+
+    def import_vm(self, fd: int, device: int) -> int:
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        imported = _int(
+            _named("cuMemImportFromShareableHandle", driver.cuMemImportFromShareableHandle(fd, posix))
+        )
+        self.vm_shared.add(imported)  # another process's memory: not this worker's to remake (_migrate)
+        return imported
+
     def ipc_event_handle(self, event: int) -> bytes:
         """Through the driver's own entry point: the handle is a 64-byte struct."""
         handle = _IpcHandle()

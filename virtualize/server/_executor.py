@@ -731,6 +731,15 @@ class Executor(abc.ABC):
     def unmap_imported(self, base: int, size: int, backing: object) -> None: ...
 
     @abc.abstractmethod
+    def export_vm(self, handle: int) -> int:
+        """A POSIX file descriptor for cuMemCreate memory made to be shared so (the caller closes it)."""
+
+    @abc.abstractmethod
+    def import_vm(self, fd: int, device: int) -> int:
+        """A handle here to the memory of lease device `device` that another worker process's `export_vm`
+        descriptor names."""
+
+    @abc.abstractmethod
     def ipc_event_handle(self, event: int) -> bytes:
         """The driver's 64-byte IPC handle of interprocess event `event`, for another worker process."""
 

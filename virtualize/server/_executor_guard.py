@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import secrets
 import struct
 import threading
@@ -444,6 +445,7 @@ class Session:
         # other workers' memory this process opened by IPC handle (virtualize.server._ipc_workers.Imports),
         # set where the lease's processes each have a worker of their own
         self.ipc_imports = None
+        self.vm_across: dict[int, int] = {}  # another worker's exported handle -> a handle imported from it here
         self.peer_pid = 0  # the client process's pid, where it is on this host (set by the worker)
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
@@ -1170,6 +1172,8 @@ class Session:
         (exported,) = ins
         with self.lease.lock:
             found = self.lease.vm_exported.get(exported)
+        if found is None and self.ipc_imports is not None:  # exported by a process of another worker
+            return self._vm_import_across(exported)
         if found is None:
             raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
         size, device, prop = found
@@ -1187,6 +1191,31 @@ class Session:
             self.vm_handles[handle] = (size, device)
             self.vm_props[handle] = prop
             self.lease.vm_hold(handle, size, device, memory=exported)
+        return struct.pack("<Q", handle), b""
+
+    def _vm_import_across(self, exported: int):
+        """cuMemImportFromShareableHandle of memory a process of another worker of the lease exported
+        (`gpuattach run --isolate`): the driver's descriptor of it, from that worker, imported here. Its
+        exporter's worker counts it against the partition. While this process holds memory imported from
+        `exported`, the descriptor names that memory still, the exporter gone or not, as the driver's does."""
+        held = self.vm_across.get(exported)
+        if held in self.vm_handles:
+            size, device = self.vm_handles[held]
+            prop = self.vm_props[held]
+            handle = self.executor.cuMemImportFromShareableHandle(held)
+        else:
+            found = _ipc_workers.fetch_vm(self.ipc_imports.state_dir, exported)
+            if found is None:
+                raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
+            fd, size, device, prop = found
+            try:
+                handle = self.executor.import_vm(fd, device)
+            finally:
+                os.close(fd)
+            self.vm_across[exported] = handle
+        self.vm_handles[handle] = (size, device)
+        self.vm_props[handle] = prop
+        self.lease.vm_hold(handle, 0, device)  # nothing to count here (see above)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):

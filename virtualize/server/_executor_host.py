@@ -228,7 +228,10 @@ class HostExecutor(Executor):
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
         self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
-        self.backing: dict[int, bytearray] = {}  # cuMemCreate handle -> its bytes, shared by its mappings
+        self.backing: dict[
+            int, bytearray | mmap.mmap
+        ] = {}  # cuMemCreate handle -> its bytes, shared by its mappings
+        self.vm_descriptors: dict[int, int] = {}  # memory created to be shared: its memfd (export_vm)
         self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
         self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
         self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
@@ -788,6 +791,18 @@ class HostExecutor(Executor):
     def unmap_imported(self, base: int, size: int, backing) -> None:
         self._free(base)
 
+    def export_vm(self, handle: int) -> int:
+        backing = self.backing.get(handle)
+        if handle not in self.created or not isinstance(backing, mmap.mmap):
+            raise CudaError(INVALID_VALUE, "not memory created to be shared as a POSIX file descriptor")
+        return os.dup(self.vm_descriptors[handle])
+
+    def import_vm(self, fd: int, device: int) -> int:
+        imported = next(self.ids)
+        self.created[imported], self.references[imported] = device, 1
+        self.backing[imported] = mmap.mmap(fd, os.fstat(fd).st_size)
+        return imported
+
     def ipc_event_handle(self, event: int) -> bytes:
         self._event(event)
         return b"gpupool host event".ljust(64, b"\0")
@@ -802,7 +817,12 @@ class HostExecutor(Executor):
         handle = next(self.ids)
         self.created[handle] = device
         self.references[handle] = 1
-        self.backing[handle] = bytearray(size)
+        if handle_types & 1:  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: bytes another worker process can map
+            fd = self.vm_descriptors[handle] = os.memfd_create("gpupool-vm-memory")
+            os.ftruncate(fd, size)
+            self.backing[handle] = mmap.mmap(fd, size)
+        else:
+            self.backing[handle] = bytearray(size)
         self.vm_made[handle] = (size, device, handle_types, usage)
         return handle
 
@@ -949,6 +969,8 @@ class HostExecutor(Executor):
         if not self.references[handle]:
             del self.created[handle], self.references[handle]
             self.backing.pop(handle, None)  # its mappings keep the bytes while they last
+            if handle in self.vm_descriptors:
+                os.close(self.vm_descriptors.pop(handle))
             self.multicast.pop(handle, None)
             self._vm_forget()
 
@@ -1087,6 +1109,8 @@ class HostExecutor(Executor):
             self.references[new] = self.references.pop(old)
             if old in self.backing:
                 self.backing[new] = self.backing.pop(old)
+            if old in self.vm_descriptors:
+                self.vm_descriptors[new] = self.vm_descriptors.pop(old)
             if old in self.vm_made:
                 self.vm_made[new] = self.vm_made.pop(old)
         self.mapped_handles = {at: renamed.get(h, h) for at, h in self.mapped_handles.items()}

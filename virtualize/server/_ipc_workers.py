@@ -12,10 +12,13 @@ the range as memory of the lease that it does not count: the partition counts it
 
 An interprocess event's handle is carried the same way: the opener's worker asks for the driver's own IPC
 handle of the event and opens it, an event of its own that waits on the exporter's records, as natively.
+So is memory of the virtual memory API that a process exported as a POSIX descriptor (NCCL's cuMem
+transport): the importer's worker gets the driver's descriptor of it and imports it, a handle of its own
+that the program maps where it likes.
 
 Only the lease's workers reach the socket (the state folder is the lease's, its owner's alone); a handle
-of another lease names memory no worker of this lease has, and is refused as natively. Exported pools and
-virtual-memory handles are not carried across workers (the shim says so).
+of another lease names memory no worker of this lease has, and is refused as natively. Memory opened
+from another worker counts against the partition in its exporter's worker, while that one holds it.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ log = logging.getLogger("gpupool.worker")
 
 SOCKET_PREFIX = "ipc-"
 WINDOWS_PREFIX = "windows-"
-REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT: the event, 0
-MEMORY, EVENT = 0, 1
+REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT, VMEM: the handle, 0
+MEMORY, EVENT, VMEM = 0, 1, 2
 # MEMORY's answer: 0 or a CUresult; the pages' base and size; their device (and a descriptor with 0)
 ANSWER = struct.Struct("<iQQi")
 # EVENT's answer: 0 or a CUresult; the driver's IPC handle of the event
 EVENT_ANSWER = struct.Struct("<i64s")
+# VMEM's answer: 0 or a CUresult; the memory's size, device, and its CUmemAllocationProp (length, bytes);
+# and a descriptor with 0
+VMEM_ANSWER = struct.Struct("<iQiI64s")
 ASK_TIMEOUT_S = 5.0
 
 
@@ -64,13 +70,20 @@ class Exporter:
     """This worker's side: answers the lease's other workers for the pages of its allocations and for its
     interprocess events. `pages_of` (address, size) -> (pages' base, size, device, backing) or a CudaError;
     `export` (backing) -> a descriptor for the pages, closed here once sent; `event_handle` (event) -> the
-    driver's 64-byte IPC handle of it, or a CudaError."""
+    driver's 64-byte IPC handle of it, or a CudaError; `vm_export` (handle a process exported) -> (size,
+    device, CUmemAllocationProp bytes, a descriptor closed here once sent), or a CudaError."""
 
     def __init__(
-        self, state_dir: Path, pages_of: Callable, export: Callable[[object], int], event_handle: Callable
+        self,
+        state_dir: Path,
+        pages_of: Callable,
+        export: Callable[[object], int],
+        event_handle: Callable,
+        vm_export: Callable,
     ) -> None:
         self.path = socket_path(state_dir, os.getpid())
         self.pages_of, self.export, self.event_handle = pages_of, export, event_handle
+        self.vm_export = vm_export
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -104,6 +117,18 @@ class Exporter:
                 conn.sendall(EVENT_ANSWER.pack(0, self.event_handle(base)))
             except CudaError as exc:
                 conn.sendall(EVENT_ANSWER.pack(exc.code, b""))
+            return
+        if kind == VMEM:
+            try:
+                vm_size, device, prop, fd = self.vm_export(base)
+            except CudaError as exc:
+                conn.sendall(VMEM_ANSWER.pack(exc.code, 0, 0, 0, b""))
+                return
+            try:
+                socket.send_fds(conn, [VMEM_ANSWER.pack(0, vm_size, device, len(prop), prop)], [fd])
+            finally:
+                os.close(fd)
+            log.info("memory handle 0x%x (%d bytes) exported to another worker of the lease", base, vm_size)
             return
         try:
             pages_base, pages_size, device, backing = self.pages_of(base, size)
@@ -140,7 +165,7 @@ def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struc
             except OSError:  # that worker has gone (its process ended): ask the next
                 continue
         fields = answer.unpack(data) if len(data) == answer.size else (-1,)
-        if fields[0] == 0 and len(fds) == (kind == MEMORY):
+        if fields[0] == 0 and len(fds) == (kind != EVENT):
             return fields, fds
         for fd in fds:
             os.close(fd)
@@ -161,6 +186,16 @@ def fetch_event(state_dir: Path, event: int) -> bytes | None:
     """The driver's IPC handle of another worker's interprocess event `event`, or None if no worker has it."""
     found = _ask_others(state_dir, EVENT, event, 0, EVENT_ANSWER)
     return None if found is None else found[0][1]
+
+
+def fetch_vm(state_dir: Path, handle: int) -> tuple[int, int, int, bytes] | None:
+    """Memory of the virtual memory API that a process of another worker exported under `handle`:
+    (descriptor, size, device, CUmemAllocationProp bytes), or None when no other worker exported it."""
+    found = _ask_others(state_dir, VMEM, handle, 0, VMEM_ANSWER)
+    if found is None:
+        return None
+    (_, size, device, prop_len, prop), fds = found
+    return fds[0], size, device, prop[:prop_len]
 
 
 class Neighbours:

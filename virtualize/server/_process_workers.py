@@ -35,7 +35,7 @@ from pathlib import Path
 
 from virtualize.common import _wire
 from virtualize.server import _ipc_workers
-from virtualize.server._executor import INVALID_HANDLE, CudaError
+from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, CudaError
 
 log = logging.getLogger("gpupool.worker")
 
@@ -194,7 +194,7 @@ class ProcessWorkers:
         if self.exporter is None:
             try:
                 self.exporter = _ipc_workers.Exporter(
-                    state_dir, self._pages_of, executor.export_memory, self._event_handle
+                    state_dir, self._pages_of, executor.export_memory, self._event_handle, self._vm_export
                 )
             except OSError as exc:  # a state folder too deep for a socket's path, say: the process runs on
                 log.warning("this worker's memory cannot be opened by the lease's other processes (%s)", exc)
@@ -215,6 +215,17 @@ class ProcessWorkers:
             raise CudaError(INVALID_HANDLE, f"0x{event:x} is an event of no process of this worker")
         self._in_lease_context()
         return self.worker.executor.ipc_event_handle(event)
+
+    def _vm_export(self, handle: int) -> tuple[int, int, bytes, int]:
+        """Memory a process of this worker exported (cuMemExportToShareableHandle): its size, device, properties
+        and the driver's descriptor of it, for another worker's process to import."""
+        lease = self.worker.lease
+        with lease.lock:
+            found = lease.vm_exported.get(handle)
+        if found is None:
+            raise CudaError(INVALID_VALUE, f"0x{handle:x} is memory no process of this worker exported")
+        self._in_lease_context()
+        return (*found, self.worker.executor.export_vm(handle))
 
     def _in_lease_context(self) -> None:
         """The exporter's thread in a context of the lease (a primary one), as the driver's calls want one."""

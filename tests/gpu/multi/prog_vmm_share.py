@@ -3,7 +3,8 @@ memory shareable as a POSIX descriptor, fills it and exports it; the child (devi
 descriptor over a Unix socket (SCM_RIGHTS, as NCCL passes it), imports it, maps it in a range of its
 own, grants device 1 access, reads and overwrites it; the parent sees the write. Twice: once exported
 after mapping (NCCL's order), once imported before the parent maps it at all (the child writes first).
-Prints the same lines natively and under gpupool's libcuda.so.1 (a lease of two GPUs).
+Prints the same lines natively and under gpupool's libcuda.so.1 (a lease of two GPUs). VMM_CHILD_DEVICE=0
+puts the child on device 0 too (one GPU: the two processes still share the memory through the descriptor).
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ def parent(order: str) -> None:
     os.close(fd)
 
 
+CHILD_DEVICE = int(os.environ.get("VMM_CHILD_DEVICE", "1"))
+
+
 def child(name: str, size: int, order: str) -> None:
-    context(1)
+    context(CHILD_DEVICE)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect("\0" + name)
         _, fds, _, _ = socket.recv_fds(conn, 16, 1)
@@ -96,11 +100,14 @@ def child(name: str, size: int, order: str) -> None:
     ptr = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
     ok(cu.cuMemMap(ptr, size, 0, handle, 0))
     ok(cu.cuMemRelease(handle))  # the mapping keeps the memory, as NCCL relies on
-    grant(ptr, size, 1)
+    grant(ptr, size, CHILD_DEVICE)
     seen = np.empty(size, dtype=np.uint8)
     ok(cu.cuMemcpyDtoH(seen.ctypes.data, ptr, size))
     if order == "after-map":
-        print("  child on device 1 sees the parent's bytes", bool((seen == (np.arange(size) % 251)).all()))
+        print(
+            f"  child on device {CHILD_DEVICE} sees the parent's bytes",
+            bool((seen == (np.arange(size) % 251)).all()),
+        )
     ok(cu.cuMemsetD8(ptr, 0xCD, size))
     ok(cu.cuCtxSynchronize())
     ok(cu.cuMemUnmap(ptr, size))
@@ -113,8 +120,8 @@ def main() -> int:
         child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         return 0
     print("libcuda", loaded_libcuda(), file=sys.stderr)
-    if int(ok(cu.cuDeviceGetCount())) < 2:
-        print("needs two devices")
+    if int(ok(cu.cuDeviceGetCount())) < CHILD_DEVICE + 1:
+        print(f"needs {CHILD_DEVICE + 1} devices")
         return 1
     for order in ("after-map", "import-first"):
         parent(order)

@@ -355,9 +355,15 @@ def main() -> int:
                                     "parent_matmul": "True"})  # fmt: skip
 
         if selected("isolate_ipc"):  # CUDA IPC memory and event handles between two processes' own workers
-            for prog in ("prog_ipc_raw.py", "prog_torch_ipc.py", "prog_processes.py"):
-                native_vs_remote(f"isolate_ipc {prog}", [sys.executable, prog], native_one,
-                                 {**remote, "GPUPOOL_ISOLATE": "1"}, shim, timeout=120)  # fmt: skip
+            one_gpu = {"VMM_CHILD_DEVICE": "0"}  # prog_vmm_share.py: both processes on the lease's one GPU
+            for prog in (
+                "prog_ipc_raw.py",
+                "prog_torch_ipc.py",
+                "prog_processes.py",
+                "../multi/prog_vmm_share.py",
+            ):
+                native_vs_remote(f"isolate_ipc {prog}", [sys.executable, prog], {**native_one, **one_gpu},
+                                 {**remote, "GPUPOOL_ISOLATE": "1", **one_gpu}, shim, timeout=120)  # fmt: skip
 
         models = [m for m in ("resnet50", "gpt2") if selected("training") or selected(m)]
         if models:

@@ -14,17 +14,6 @@
 
 static const char ipc_magic[16] = "gpupool ipc 1";
 
-/* Such a worker maps another's memory and opens another's event or pool that an IPC handle names
- * (virtualize/server/_ipc_workers.py), but not another process's virtual-memory handles: one of those that does not
- * open says why, once. */
-static CUresult across_workers(CUresult r, const char *what) {
-    static int said;
-    if (r != CUDA_SUCCESS && gp_isolated() && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-        gp_say("%s of another process: under GPUPOOL_ISOLATE (gpuattach run --isolate) each process has a worker "
-               "of its own, and IPC memory, event and pool handles open across them, not this (error %d)", what, (int)r);
-    return r;
-}
-
 CUresult cuIpcGetMemHandle(void *handle, uint64_t dptr) {
     GP_TRACE("cuIpcGetMemHandle");
     uint64_t base, size;
@@ -181,7 +170,7 @@ CUresult cuMemImportFromShareableHandle(uint64_t *handle, void *os_handle, int32
     CUresult r = handle_from_fd(vmem_magic, (int)(intptr_t)os_handle, &exported);
     struct gp_in_cuMemImportFromShareableHandle in = {.exported = exported};
     struct gp_out_cuMemImportFromShareableHandle out;
-    if (r == CUDA_SUCCESS) r = across_workers(CALL(cuMemImportFromShareableHandle, WANT, in, out), "memory");
+    if (r == CUDA_SUCCESS) r = CALL(cuMemImportFromShareableHandle, WANT, in, out);
     if (r == CUDA_SUCCESS) *handle = out.handle;
     return r;
 }
