@@ -207,8 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each process of COMMAND gets a worker process of its own on the GPU server, so a fault in one "
         "process's kernels (a device-side assert) ends only that process's CUDA context, as natively; their "
-        "memory still counts against one partition. CUDA IPC memory, event and pool handles still open across "
-        'processes; the lease does not move (remote runs only; docs/remote.md, "Isolation")',
+        "memory still counts against one partition. CUDA IPC memory, event and pool handles, and virtual memory "
+        "exported as a POSIX descriptor, still open across processes; the lease does not move (remote runs "
+        'only; docs/remote.md, "Isolation")',
     )
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     return p
