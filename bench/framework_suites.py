@@ -80,6 +80,9 @@ DEFAULT_PARTS = {
     "cupy-linalg-decomposition": "cupy/tests/cupy_tests/linalg_tests/test_decomposition.py",  # cuSOLVER
     "cupy-jit": "cupy/tests/cupyx_tests/jit_tests",  # cupyx.jit: cooperative groups, CUB and Thrust in kernels
     "cupy-pinned-array": "cupy/tests/cupyx_tests/test_pinned_array.py",
+    # cuSPARSE's SpMV/SpMM and triangular solves, cuSOLVER's sparse solvers, the iterative solvers over them
+    "cupy-sparse-linalg": "cupy/tests/cupyx_tests/scipy_tests/sparse_tests/test_linalg.py",
+    "cupy-linalg-eigen": "cupy/tests/cupy_tests/linalg_tests/test_eigenvalue.py",  # cuSOLVER's syevd, syevj
     "jax-fft": "jax/tests/fft_test.py",
     "jax-nn": "jax/tests/nn_test.py",
     "jax-control-flow": "jax/tests/lax_control_flow_test.py::Scan or Cond or While",
