@@ -2,7 +2,8 @@
 
 Loaded with `-p _suite_progress` (bench/ on PYTHONPATH); it does nothing unless SUITE_PROGRESS names a file.
 It appends one JSON line per event and flushes each: `{"collected": [ids]}` once the selection is made,
-`{"start": id}` before a test, `{"end": id, "outcome": ..., "message": ...}` after it, `{"finished": status}`
+`{"start": id}` before a test, `{"end": id, "outcome": ..., "message": ..., "seconds": ...}` after it (its
+setup, call and teardown), `{"finished": status}`
 when the session ends. A process that dies in a test (an abort, a segfault) leaves the file ending in that
 test's "start": the runner counts it as crashed and runs the rest in a fresh process. pytest's JUnit report,
 written only at the end, is lost with such a process.
@@ -66,6 +67,7 @@ def pytest_runtest_logreport(report) -> None:
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
     reports = _REPORTS.pop(nodeid, [])
+    seconds = sum(getattr(report, "duration", 0.0) for report in reports)
     outcome, message = "passed", ""
     for report in reports:
         if report.failed:
@@ -76,7 +78,7 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
             break
         if report.skipped:
             outcome = "skipped"
-    _write({"end": nodeid, "outcome": outcome, "message": message})
+    _write({"end": nodeid, "outcome": outcome, "message": message, "seconds": round(seconds, 6)})
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -1,14 +1,16 @@
 """The frameworks' own test suites, natively and through a lease: pass counts side by side.
 
     python bench/framework_suites.py --suites DIR [--only PART ...] [--part NAME=PATH[::EXPR][@I/N] ...]
-                                     [--out DIR] [--native-only] [--trace [PART ...]]
+                                     [--out DIR] [--native-only] [--trace [PART ...]] [--profile [PART ...]]
 
 Each part is a pytest run of a piece of a suite nobody here wrote (PyTorch's, CuPy's, JAX's), made twice on
 this GPU host: natively on GPU 0, and remotely through `tests/gpu/remote/remote_once.py` (a lease worker
 with the CUDA executor, the shim compiled from this tree, a fresh worker per run). A part is a test file,
 optionally `::` a pytest -k expression, optionally `@I/N`: every N-th of those tests from the I-th, so a
 long file splits into parts that each fit a call. A test that passes natively and not remotely is listed
-with the first line of its failure, so each remaining difference has a cause to read. Results: a table
+with the first line of its failure, so each remaining difference has a cause to read; and where the remote
+run spends its time beyond the native one (`time:` lines: the tests both ran, then the groups of tests,
+a test less its parameters, that take 1.5 times as long and 1 s more). Results: a table
 on stdout, `suites.json` and `suites.md` in --out (default $OUT or the working directory).
 
 Counts come from bench/_suite_progress.py, a pytest plugin that writes each test's outcome as it happens
@@ -123,9 +125,11 @@ class Counts:
     exit: int = 0  # the last run's exit status; 124: the part's time ran out
     ran: list[str] = field(default_factory=list)  # test ids in the order they finished
     outcomes: dict[str, str] = field(default_factory=dict)  # test id -> "passed" or the failure's first line
+    durations: dict[str, float] = field(default_factory=dict)  # test id -> seconds (setup, call, teardown)
 
-    def add(self, test: str, outcome: str, message: str) -> None:
+    def add(self, test: str, outcome: str, message: str, seconds: float = 0.0) -> None:
         self.ran.append(test)
+        self.durations[test] = seconds
         if outcome == "skipped":
             self.skipped += 1
             return
@@ -145,7 +149,9 @@ class Progress:
     """What one pytest process wrote through bench/_suite_progress.py before it ended."""
 
     collected: list[str] = field(default_factory=list)
-    ended: list[tuple[str, str, str]] = field(default_factory=list)  # (test, outcome, message)
+    ended: list[tuple[str, str, str, float]] = field(
+        default_factory=list
+    )  # (test, outcome, message, seconds)
     running: str | None = None  # started and never ended: the test the process died in
     finished: bool = False
 
@@ -163,7 +169,9 @@ class Progress:
             elif "start" in record:
                 progress.running = record["start"]
             elif "end" in record:
-                progress.ended.append((record["end"], record["outcome"], record.get("message", "")))
+                progress.ended.append(
+                    (record["end"], record["outcome"], record.get("message", ""), record.get("seconds", 0.0))
+                )
                 progress.running = None
             elif "finished" in record:
                 progress.finished = True
@@ -241,7 +249,7 @@ def _exit_text(code: int) -> str:
 
 def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeout: float, per_test: int,
              only: list[str] | None = None, trace: bool = False, executor: str = "cuda", gpu: int = 0,
-             partition_mib: int = 0, isolate: bool = False) -> Counts:  # fmt: skip
+             partition_mib: int = 0, isolate: bool = False, profile: bool = False) -> Counts:  # fmt: skip
     """Run one part (natively or remotely) to its end or its time limit, resuming after each crash.
 
     `only`: run just these test ids (the ones the native run got through)."""
@@ -264,6 +272,8 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
         env["GPUPOOL_WORKER_LOG"] = "DEBUG"  # every refused call, for the crash files
         if trace:
             env["GPUPOOL_SHIM_TRACE"] = "1"
+        if profile:  # where each test process's time went (at its exit, in the log), and the worker's loop
+            env["GPUPOOL_SHIM_PROFILE"] = env["GPUPOOL_WORKER_NATIVE_STATS"] = "1"
         if isolate:
             env["GPUPOOL_ISOLATE"] = "1"  # as gpuattach run --isolate: a worker process per test process
     counts, pending = Counts(), only
@@ -289,8 +299,8 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
             sink.write(f"=== run {attempt}: {len(pending) if pending is not None else 'all'} tests ===\n")
         code, tail = _run_once(cmd, env, suites / part.path.split("/")[0], left, log, worker_log)
         progress = Progress.read(progress_file)
-        for test, outcome, message in progress.ended:
-            counts.add(test, outcome, message)
+        for test, outcome, message, seconds in progress.ended:
+            counts.add(test, outcome, message, seconds)
         counts.exit = code
         if progress.finished or code == 124 or progress.running is None:
             break  # done, out of time, or died outside a test (collection): nothing to resume
@@ -312,6 +322,32 @@ def differences(native: Counts, remote: Counts, limit: int = 15) -> list[str]:
     """Tests that pass natively and not remotely, each with the remote failure's first line."""
     lost = [t for t, o in native.outcomes.items() if o == "passed" and remote.outcomes.get(t) != "passed"]
     return [f"{t}: {remote.outcomes.get(t, 'not run remotely')}" for t in lost[:limit]]
+
+
+# A test's group: its id less its parameters (pytest's `[...]`, CuPy's `_param_N_{...}` classes).
+_PARAMETERS = re.compile(r"\[.*\]$|_param_\d+_\{.*?\}")
+
+
+def slower(native: Counts, remote: Counts, limit: int = 8) -> list[str]:
+    """Where the remote run spends its time beyond the native one, on the tests both ran: the whole, then the
+    groups of tests (a test less its parameters) that take at least 1.5 times and 1 s more, most time
+    lost first."""
+    both = [t for t in remote.durations if t in native.durations]
+    if not both:
+        return []
+    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for test in both:
+        group = groups[_PARAMETERS.sub("", test)]
+        group[0] += 1
+        group[1] += native.durations[test]
+        group[2] += remote.durations[test]
+    total_native, total_remote = (sum(d[t] for t in both) for d in (native.durations, remote.durations))
+    lines = [f"the {len(both)} tests both ran: native {total_native:.1f} s, remote {total_remote:.1f} s"
+             f" ({total_remote / max(total_native, 1e-9):.1f}x)"]  # fmt: skip
+    lost = [(r - n, g, k, n, r) for g, (k, n, r) in groups.items() if r - n >= 1 and r >= 1.5 * n]
+    for _, group, count, n, r in sorted(lost, reverse=True)[:limit]:
+        lines.append(f"{group}: {count} tests, native {n:.1f} s, remote {r:.1f} s ({r / max(n, 1e-9):.1f}x)")
+    return lines
 
 
 def _summary(name: str, mode: str, c: Counts) -> str:
@@ -345,6 +381,10 @@ def main() -> int:
     parser.add_argument("--trace", nargs="*", metavar="PART",
                         help="trace the shim's calls in these parts' remote runs (none named: all), "
                         "kept in the crash files")  # fmt: skip
+    parser.add_argument("--profile", nargs="*", metavar="PART",
+                        help="profile these parts' remote runs (none named: all): each test process's calls "
+                        "and their time at its exit (GPUPOOL_SHIM_PROFILE) in PART.remote.log, the worker's "
+                        "native loop (GPUPOOL_WORKER_NATIVE_STATS) in PART.remote.worker.log")  # fmt: skip
     parser.add_argument("--isolate", action="store_true",
                         help="remote runs as under `gpuattach run --isolate`: each process of a part gets a "
                         "worker process of its own (a subprocess's device-side assert ends its context only)")  # fmt: skip
@@ -375,6 +415,7 @@ def main() -> int:
             f"none of the parts' files is in {args.suites}: run bash bench/fetch_suites.sh {args.suites}"
         )
     traced = set(parts) if args.trace == [] else set(args.trace or ())
+    profiled = set(parts) if args.profile == [] else set(args.profile or ())
     suites = args.suites.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -387,14 +428,18 @@ def main() -> int:
             only = native.ran if native.exit == 124 else None
             remote = run_part(name, part, suites, args.out, True, args.remote_timeout or args.timeout,
                               args.per_test, only, name in traced, args.executor, args.gpu,
-                              args.partition_mib, args.isolate)  # fmt: skip
+                              args.partition_mib, args.isolate, name in profiled)  # fmt: skip
             print(_summary(name, "remote", remote), flush=True)
             lost = differences(native, remote)
         for line in lost:
             print(f"  lost: {line}")
+        slow = slower(native, remote) if not args.native_only else []
+        for line in slow:
+            print(f"  time: {line}")
         rows.append({"part": name, "target": targets[name],
-                     "native": {**asdict(native), "outcomes": None, "ran": len(native.ran)},
-                     "remote": {**asdict(remote), "outcomes": None, "ran": len(remote.ran)}, "lost": lost})  # fmt: skip
+                     "native": {**asdict(native), "outcomes": None, "durations": None, "ran": len(native.ran)},
+                     "remote": {**asdict(remote), "outcomes": None, "durations": None, "ran": len(remote.ran)},
+                     "lost": lost, "slower": slow})  # fmt: skip
         (args.out / "suites.json").write_text(
             json.dumps(rows, indent=2)
         )  # after each part: a cut run keeps it

@@ -236,3 +236,27 @@ def test_a_native_run_cut_by_its_time_limit_decides_the_tests_the_remote_run_run
         for mode in ("native", "remote")
     }  # fmt: skip
     assert ended["remote"] == ended["native"]
+
+
+@needs_cc
+def test_the_tests_that_run_slower_remotely_are_named_by_group_and_profile_shows_their_calls(tmp_path):
+    """Where a remote run loses time is named: the tests both runs ran, then each group of tests (a test
+    less its parameters) that took 1.5 times as long and at least 1 s more, and not the groups that did
+    not. With --profile the remote log holds each test process's profile of its driver calls."""
+    suite(tmp_path, "import ctypes, os, time, pytest\n"
+                    "REMOTE = any(k.startswith('GPUPOOL_') for k in os.environ)\n"
+                    "@pytest.mark.parametrize('n', range(3))\n"
+                    "def test_lanczos(n):\n"
+                    "    assert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
+                    "    time.sleep(0.6 if REMOTE else 0.05)\n"
+                    "@pytest.mark.parametrize('n', range(3))\n"
+                    "def test_norm(n): time.sleep(0.05)\n")  # fmt: skip
+    proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", "--profile", "--timeout", "150",
+               timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    slow = row(tmp_path, "demo")["slower"]
+    assert slow[0].startswith("the 6 tests both ran: native ")
+    assert len(slow) == 2 and slow[1].startswith("test_demo.py::test_lanczos: 3 tests, native ")
+    assert any(line.startswith("  time: test_demo.py::test_lanczos: 3 tests") for line in proc.stdout.splitlines())
+    log = (tmp_path / "out" / "demo.remote.log").read_text()
+    assert "gpupool: profile of pid" in log and "cuInit" in log
