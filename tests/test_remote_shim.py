@@ -270,6 +270,13 @@ def test_with_isolate_a_state_folder_too_deep_for_a_socket_leaves_the_processes_
 
 
 def _ipc_across_workers(shim_dir, worker, size):
+    # What a process worker that crashed leaves in the state folder: its socket and its windows' note. The
+    # next worker that looks removes them: nobody asks it again, or keeps clear of its windows.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = [worker.state_dir / f"ipc-{gone.pid}.sock", worker.state_dir / f"windows-{gone.pid}"]
+    stale[0].write_text("")
+    stale[1].write_text("0 10000000000\n")
     env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", IPC_BYTES=str(size))  # a slab's; pages of its own
     exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -282,6 +289,7 @@ def _ipc_across_workers(shim_dir, worker, size):
             "event_open": "0", "event_wait": "0", "event_destroy": "0",
         }  # fmt: skip
         assert "open across them" not in err
+        assert not any(path.exists() for path in stale)
         other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
                              executor="host")  # fmt: skip
         try:

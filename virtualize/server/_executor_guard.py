@@ -445,7 +445,8 @@ class Session:
         # other workers' memory this process opened by IPC handle (virtualize.server._ipc_workers.Imports),
         # set where the lease's processes each have a worker of their own
         self.ipc_imports = None
-        self.vm_across: dict[int, int] = {}  # another worker's exported handle -> a handle imported from it here
+        # another worker's exported virtual memory handle -> a handle imported from it here
+        self.vm_across: dict[int, int] = {}
         self.peer_pid = 0  # the client process's pid, where it is on this host (set by the worker)
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {

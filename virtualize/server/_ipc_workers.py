@@ -55,6 +55,33 @@ def socket_path(state_dir: Path, pid: int) -> Path:
     return state_dir / f"{SOCKET_PREFIX}{pid}.sock"
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (0, unknown: taken as running)."""
+    if not pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: it runs
+        return True
+    return True
+
+
+def _of_running_workers(paths, prefix: str) -> list[Path]:
+    """The files among `paths` (`<prefix><pid>...`) of workers still running; a worker that crashed left
+    its own behind: removed here, so no one asks it or keeps clear of its windows again."""
+    kept = []
+    for path in paths:
+        digits = path.name[len(prefix) :].split(".")[0]
+        if digits.isdigit() and not running(int(digits)):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        kept.append(path)
+    return kept
+
+
 @dataclass
 class Pages:
     """Another worker's pages mapped here: `opens` of the program's handles use them."""
@@ -153,7 +180,7 @@ class Exporter:
 def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struct.Struct):
     """Each other worker of the lease in turn, until one answers 0: (its answer's fields, descriptors)."""
     mine = socket_path(state_dir, os.getpid()).name
-    for path in sorted(state_dir.glob(f"{SOCKET_PREFIX}*.sock")):
+    for path in _of_running_workers(sorted(state_dir.glob(f"{SOCKET_PREFIX}*.sock")), SOCKET_PREFIX):
         if path.name == mine:
             continue
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -208,8 +235,8 @@ class Neighbours:
 
     def taken(self) -> list[tuple[int, int]]:
         ranges = []
-        for path in self.state_dir.glob(f"{WINDOWS_PREFIX}*"):
-            if path != self.path:
+        for path in _of_running_workers(self.state_dir.glob(f"{WINDOWS_PREFIX}*"), WINDOWS_PREFIX):
+            if path != self.path and path.suffix != ".part":
                 with contextlib.suppress(OSError, ValueError):
                     ranges += [
                         tuple(int(x, 16) for x in line.split()) for line in path.read_text().splitlines()

@@ -97,7 +97,7 @@ class SharedUsage:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(
             self.words[slot * self.width] and self.words[slot * self.width + self.FIRST + device]
-            and not _alive(self.words[slot * self.width + 1])
+            and not _ipc_workers.running(self.words[slot * self.width + 1])
             for slot in range(SLOTS) if slot != self.slot
         ):  # fmt: skip
             time.sleep(0.01)
@@ -117,19 +117,6 @@ class SharedUsage:
         w = self.width
         for i in range(w):
             self.words[slot * w + (w - 1 - i)] = 0  # the bytes first, the pid last
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` of this host still runs (0, unknown: taken as running)."""
-    if not pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class ProcessWorkers:
