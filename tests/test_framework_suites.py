@@ -257,6 +257,8 @@ def test_the_tests_that_run_slower_remotely_are_named_by_group_and_profile_shows
     slow = row(tmp_path, "demo")["slower"]
     assert slow[0].startswith("the 6 tests both ran: native ")
     assert len(slow) == 2 and slow[1].startswith("test_demo.py::test_lanczos: 3 tests, native ")
-    assert any(line.startswith("  time: test_demo.py::test_lanczos: 3 tests") for line in proc.stdout.splitlines())
+    assert any(
+        line.startswith("  time: test_demo.py::test_lanczos: 3 tests") for line in proc.stdout.splitlines()
+    )
     log = (tmp_path / "out" / "demo.remote.log").read_text()
     assert "gpupool: profile of pid" in log and "cuInit" in log
