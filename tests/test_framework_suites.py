@@ -41,6 +41,14 @@ def run(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
+def run_demo_remotely(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """The demo part natively, then through a host-executor lease; it has to finish."""
+    proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", *flags, "--timeout", "150",
+               timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
 def suite(tmp_path: Path, source: str, name: str = "test_demo.py") -> None:
     (tmp_path / "suites" / "demo").mkdir(parents=True, exist_ok=True)
     (tmp_path / "suites" / "demo" / name).write_text(source)
@@ -141,9 +149,7 @@ def test_a_remote_crash_keeps_the_shims_trace_and_the_workers_log(tmp_path):
                     "    assert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
                     "    os.abort()\n"
                     "def test_last(): pass\n")  # fmt: skip
-    proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", "--trace", "--timeout", "150",
-               timeout=400)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_demo_remotely(tmp_path, "--trace")
     remote = row(tmp_path, "demo")["remote"]
     assert (remote["passed"], remote["failed"], remote["crashes"]) == (2, 1, 1)
     out = tmp_path / "out"
@@ -251,9 +257,7 @@ def test_the_tests_that_run_slower_remotely_are_named_by_group_and_profile_shows
                     "    time.sleep(0.6 if REMOTE else 0.05)\n"
                     "@pytest.mark.parametrize('n', range(3))\n"
                     "def test_norm(n): time.sleep(0.05)\n")  # fmt: skip
-    proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", "--profile", "--timeout", "150",
-               timeout=400)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_demo_remotely(tmp_path, "--profile")
     slow = row(tmp_path, "demo")["slower"]
     assert slow[0].startswith("the 6 tests both ran: native ")
     assert len(slow) == 2 and slow[1].startswith("test_demo.py::test_lanczos: 3 tests, native ")
