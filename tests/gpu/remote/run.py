@@ -360,6 +360,7 @@ def main() -> int:
                 "prog_ipc_raw.py",
                 "prog_torch_ipc.py",
                 "prog_processes.py",
+                "prog_pool_ipc.py",
                 "../multi/prog_vmm_share.py",
             ):
                 native_vs_remote(f"isolate_ipc {prog}", [sys.executable, prog], {**native_one, **one_gpu},
