@@ -9,6 +9,7 @@ current). A field added here is a field of the API: give it a default so older p
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -702,7 +703,21 @@ def openapi_schemas() -> dict:
     _, components = msgspec.json.schema_components(
         REQUESTS + ANSWERS, ref_template="#/components/schemas/{name}"
     )
-    return components
+    return _clean_descriptions(components)
+
+
+def _clean_descriptions(schema):
+    """Descriptions as `inspect.cleandoc` gives a docstring: msgspec 0.23 cleans them, earlier releases kept
+    the docstring's indentation, and the document must not depend on which one is installed."""
+    if isinstance(schema, dict):
+        return {
+            key: inspect.cleandoc(value) if key == "description" and isinstance(value, str)
+            else _clean_descriptions(value)
+            for key, value in schema.items()
+        }  # fmt: skip
+    if isinstance(schema, list):
+        return [_clean_descriptions(item) for item in schema]
+    return schema
 
 
 if __name__ == "__main__":  # python -m server.api: write the schemas into openapi.json
