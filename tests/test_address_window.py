@@ -1,13 +1,17 @@
 """The worker's side of the address windows (virtualize/server/_address_window.py), with the host executor:
 where allocations land, that small ones share pages, that freed space is found again, and that a full
-window says so (the guard then lets the driver allocate)."""
+window says so (the guard then lets the driver allocate); and, between the process workers of one lease,
+which ranges each notes so that new windows keep clear of them (virtualize/server/_ipc_workers.py)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from virtualize.server._address_window import GRANULE, SMALL_ALIGN, FreeRanges, WindowFull, WindowMemory
 from virtualize.server._executor_host import HostExecutor
+from virtualize.server._ipc_workers import Imports, Neighbours
 
 MiB = 1 << 20
 
@@ -66,3 +70,26 @@ def test_an_offer_the_client_did_not_take_is_released_when_another_is_made():
     assert first not in executor.reserved
     with pytest.raises(Exception, match="not the window offered"):
         memory.accept(first)
+
+
+def test_a_worker_notes_the_other_workers_windows_it_holds_so_no_new_window_is_drawn_over_them(tmp_path):
+    """A process worker that maps another's pages holds that worker's whole window reserved; its note in the
+    state folder names that range beside its own windows, so a worker started later keeps clear of it even
+    once the exporter (and its own note) has gone, and drops it once the last page is unmapped."""
+    executor = HostExecutor([64 * MiB])
+    importer = Neighbours(tmp_path)
+    importer.note([(0x7000_0000_0000, 64 << 30)])  # its own window
+    exporter_window = (0x5000_0000_0000, 64 << 30)
+    (tmp_path / "windows-1").write_text(f"{exporter_window[0]:x} {exporter_window[1]:x}\n")  # pid 1: running
+    imports = Imports(tmp_path, executor, importer)
+    with imports.lock:
+        base = imports.reserve_window(exporter_window[0] + (2 << 20), 2 << 20)
+    assert base == exporter_window[0]
+    (tmp_path / "windows-1").unlink()  # the exporter has gone
+    noted = (tmp_path / f"windows-{os.getpid()}").read_text().split("\n")
+    assert f"{exporter_window[0]:x} {exporter_window[1]:x}" in noted
+    assert f"{0x7000_0000_0000:x} {64 << 30:x}" in noted
+    assert exporter_window in importer.taken()
+    with imports.lock:
+        imports.release_window(base)
+    assert f"{exporter_window[0]:x}" not in (tmp_path / f"windows-{os.getpid()}").read_text()

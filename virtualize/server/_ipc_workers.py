@@ -226,15 +226,21 @@ def fetch_vm(state_dir: Path, handle: int) -> tuple[int, int, int, bytes] | None
 
 
 class Neighbours:
-    """The windows of the lease's workers, each worker's in `windows-<pid>` of the state folder: a new window
-    keeps clear of the others', so another worker's pages can be mapped here at their own address."""
+    """The address ranges each worker of the lease reserves, in `windows-<pid>` of the state folder: its own
+    windows, and the other workers' windows it holds reserved for their pages (Imports). A new window keeps
+    clear of all of them, so its pages can be mapped in any other worker at their own address; a held
+    reservation stays noted after its exporter has gone, so no new window is drawn over it."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.path = state_dir / f"{WINDOWS_PREFIX}{os.getpid()}"
+        self.own: list[tuple[int, int]] = []
+        self.held: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
 
     def taken(self) -> list[tuple[int, int]]:
-        ranges = []
+        """The ranges the other workers noted, and those this worker holds for them."""
+        ranges = list(self.held)
         for path in _of_running_workers(self.state_dir.glob(f"{WINDOWS_PREFIX}*"), WINDOWS_PREFIX):
             if path != self.path and path.suffix != ".part":
                 with contextlib.suppress(OSError, ValueError):
@@ -244,9 +250,21 @@ class Neighbours:
         return ranges
 
     def note(self, windows: list[tuple[int, int]]) -> None:
-        """This worker's windows now (written whole, then renamed: a reader sees all or the previous)."""
+        """This worker's windows now."""
+        with self.lock:
+            self.own = list(windows)
+            self._write()
+
+    def hold(self, ranges: list[tuple[int, int]]) -> None:
+        """The other workers' windows this worker holds reserved now."""
+        with self.lock:
+            self.held = list(ranges)
+            self._write()
+
+    def _write(self) -> None:
+        """Written whole, then renamed: a reader sees all of it or the previous note."""
         part = self.path.with_suffix(".part")
-        part.write_text("".join(f"{base:x} {size:x}\n" for base, size in windows))
+        part.write_text("".join(f"{base:x} {size:x}\n" for base, size in self.own + self.held))
         part.replace(self.path)
 
 
@@ -259,14 +277,12 @@ class Imports:
     the exporter's own was made), not a few pages' worth (measured on an H200: a 2 MiB reservation at
     another worker's address was put elsewhere)."""
 
-    def __init__(self, state_dir: Path, executor) -> None:
-        self.state_dir, self.executor = state_dir, executor
-        self.neighbours = Neighbours(state_dir)
+    def __init__(self, state_dir: Path, executor, neighbours: Neighbours) -> None:
+        self.state_dir, self.executor, self.neighbours = state_dir, executor, neighbours
         self.pages: dict[int, Pages] = {}
         self.opened: dict[int, int] = {}  # an opened range's address -> its pages' base
-        self.windows: dict[
-            int, list[int]
-        ] = {}  # another worker's window reserved here: base -> [size, pages]
+        # another worker's window reserved here: its base -> [its size, how many pages mapped in it]
+        self.windows: dict[int, list[int]] = {}
         self.lock = threading.Lock()
 
     def open(self, base: int, size: int) -> int | None:
@@ -279,11 +295,11 @@ class Imports:
             with self.lock:
                 pages = self.pages.get(pages_base)
                 if pages is None:
-                    window = self._reserve_window(pages_base, pages_size)
+                    window = self.reserve_window(pages_base, pages_size)
                     try:
                         backing = self.executor.import_memory(fd, pages_base, pages_size, device)
                     except CudaError as exc:  # the program sees only an error code: say here what failed
-                        self._release_window(window)
+                        self.release_window(window)
                         log.warning("pages [0x%x, +%d) of another worker of the lease could not be mapped "
                                     "here: %s", pages_base, pages_size, exc)  # fmt: skip
                         raise
@@ -294,9 +310,9 @@ class Imports:
             os.close(fd)
         return device
 
-    def _reserve_window(self, base: int, size: int) -> int:
+    def reserve_window(self, base: int, size: int) -> int:
         """The exporter's window holding [base, +size), reserved here at its own address (once for all the
-        pages mapped from it); its base."""
+        pages mapped from it) and noted as held (Neighbours); its base. Under `lock`."""
         window = next(
             ((b, n) for b, n in self.neighbours.taken() if b <= base and base + size <= b + n), None
         )
@@ -312,15 +328,18 @@ class Imports:
                     INVALID_VALUE, f"[0x{window_base:x}, +{window_size}) is not free in this worker"
                 )
             held = self.windows[window_base] = [window_size, 0]
+            self.neighbours.hold([(b, n) for b, (n, _) in self.windows.items()])
         held[1] += 1
         return window_base
 
-    def _release_window(self, window_base: int) -> None:
+    def release_window(self, window_base: int) -> None:
+        """One page fewer mapped in that window: with its last, the reservation and its note go. Under `lock`."""
         held = self.windows[window_base]
         held[1] -= 1
         if not held[1]:
             del self.windows[window_base]
             self.executor.release_addresses(window_base, held[0])
+            self.neighbours.hold([(b, n) for b, (n, _) in self.windows.items()])
 
     def close(self, base: int) -> bool:
         """The program closed its handle to [base, ...): unmapped once no handle uses its pages."""
@@ -334,7 +353,7 @@ class Imports:
                 return True
             del self.pages[pages_base]
             self.executor.unmap_imported(pages.base, pages.size, pages.backing)
-            self._release_window(pages.window)
+            self.release_window(pages.window)
         return True
 
 

@@ -177,7 +177,7 @@ class ProcessWorkers:
         state_dir, executor = self.worker.state_dir, self.worker.executor
         session.window.exportable = True
         session.window.neighbours = _ipc_workers.Neighbours(state_dir)
-        session.ipc_imports = _ipc_workers.Imports(state_dir, executor)
+        session.ipc_imports = _ipc_workers.Imports(state_dir, executor, session.window.neighbours)
         if self.exporter is None:
             try:
                 self.exporter = _ipc_workers.Exporter(
