@@ -1532,7 +1532,8 @@ def scenario_ipc_export():
 
 def scenario_ipc_import():
     """With memory of its own first (its worker's window is made), open the handle in IPC_HANDLE, check what
-    the exporter wrote, overwrite it, close."""
+    the exporter wrote, overwrite it, close. IPC_HOLD: hold it open until stdin says the exporter has exited,
+    and say how much memory the lease uses then and after the close."""
     setup()
     check(alloc(4096)[0], "alloc its own")
     handle = bytes.fromhex(os.environ["IPC_HANDLE"])
@@ -1550,8 +1551,15 @@ def scenario_ipc_import():
         rc, data = dtoh(ptr.value, size)
         say("sees_export", data == bytes(range(256)) * (size // 256))
         check(cu.cuMemcpyHtoD(ptr, b"\xab" * size, c_u64(size)), "overwrite")
+        if "IPC_HOLD" in os.environ:  # held open while the exporter frees its memory and exits
+            say("holding", 1)
+            sys.stdin.readline()
+            time.sleep(0.5)  # the exporter's worker has let go of what its process left by then
+            say("used_mib_after_exporter_left", _used_mib())
         say("close", cu.cuIpcCloseMemHandle(ptr))
         say("closed_twice", cu.cuIpcCloseMemHandle(ptr))
+        if "IPC_HOLD" in os.environ:
+            say("used_mib_after_close", _used_mib())
     if "IPC_EVENT_HANDLE" in os.environ:
         event = c_u64()
         open_event = cu.cuIpcOpenEventHandle

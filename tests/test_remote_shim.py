@@ -239,6 +239,39 @@ def test_with_isolate_ipc_handles_open_across_workers(shim_dir, size):
         worker.stop()
 
 
+def test_with_isolate_memory_opened_from_a_process_that_has_exited_counts_until_it_is_closed(shim_dir):
+    """Natively memory a process opened by IPC handle stays allocated, and counted, after its exporter has
+    exited, until the opener closes it. Under GPUPOOL_ISOLATE the exporter's worker counted it and lets go
+    when its process ends; the opener's worker counts it from then on, and no longer once it is closed."""
+    worker = start_worker("isolated-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                          executor="host")  # fmt: skip
+    env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", IPC_BYTES=str(3 * MiB))
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    importer = None
+    try:
+        handle = exporter.stdout.readline().split()[1]
+        importer = subprocess.Popen([sys.executable, str(CLIENT), "ipc_import"],
+                                    env={**env, "IPC_HANDLE": handle, "IPC_HOLD": "1"}, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
+        got = {}
+        while "holding" not in got and (line := importer.stdout.readline()):
+            got.update([line.split(" ", 1)])
+        assert got == {"open": "0\n", "sees_export": "True\n", "holding": "1\n"}
+        exporter.communicate("\n", timeout=60)  # it frees nothing itself: its exit does
+        assert exporter.returncode == 0
+        out, _ = importer.communicate("\n", timeout=60)
+        assert importer.returncode == 0, out
+        assert parse(out)["used_mib_after_exporter_left"] == "3"  # the 3 MiB the opener still maps
+        assert parse(out)["used_mib_after_close"] == "0"
+    finally:
+        for proc in (exporter, importer):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+        worker.stop()
+
+
 def test_with_isolate_a_state_folder_too_deep_for_a_socket_leaves_the_processes_running(
     shim_dir, tmp_path, monkeypatch
 ):
@@ -1807,8 +1840,8 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
     reference after the exporter has released its own. A process of another lease given the same
     descriptor is refused, as are a descriptor that names nothing and memory not created to be shared.
     The device offers POSIX descriptors and no fabric handles or multicast, which are not forwarded.
-    With GPUPOOL_ISOLATE each rank has a worker of its own, and the memory is carried between them; there
-    the partition counts it in its exporter's worker, so no longer once the exporter has gone."""
+    With GPUPOOL_ISOLATE each rank has a worker of its own, and the memory is carried between them; the
+    partition counts it in its exporter's worker, and in the importer's once the exporter has gone."""
     socket_name = f"gpupool-test-vmm-{os.getpid()}-{isolate}"
     env = client_env(shim_dir, worker, VMM_SOCKET=socket_name, GPUPOOL_ISOLATE=isolate)
     exporter = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"], env=env,
@@ -1838,8 +1871,7 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
         assert parse(out) == {
             "sees_after_exporter_left": "True",  # the importer's mapping keeps the memory
             "import_again": "0 0",  # and its reference keeps the descriptor good: imported and released again
-            # counted once while any process of the lease holds it (isolated: while its exporter does) ...
-            "used_mib_after_exporter_left": "0" if isolate else "4",
+            "used_mib_after_exporter_left": "4",  # counted once while any process of the lease holds it ...
             "used_mib_at_end": "0",  # ... and no longer once none does
             "release_while_mapped": "0",  # its own reference, still the lease's after the exporter's went
             "after_release": "cdcdcdcd",

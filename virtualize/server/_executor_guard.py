@@ -168,6 +168,9 @@ class LeaseState:
     vm_memory_holders: Counter = field(default_factory=Counter)
     vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
+    # Each process's count of the memory it opened from other workers whose worker has gone
+    # (virtualize.server._ipc_workers.Imports.count_departed), run under `lock` before memory is counted.
+    departed_exports: list[Callable[[], None]] = field(default_factory=list)
     # NCCL communicators made by the lease's processes: the id the client holds -> the server's
     # (virtualize.server._guard_nccl.Communicator)
     nccl_comms: dict[int, Any] = field(default_factory=dict)
@@ -283,6 +286,7 @@ class LeaseState:
         """Refuse an allocation that would take the lease past its partition of `device` (the caller holds
         the lock). Memory pools keep after a free counts until their process synchronises, so it is
         brought up to date first where it is in the way."""
+        self.count_departed_exports()
         if self.in_use(device) + size > self.limits[device]:
             self.settle_pools(device)
         departed = getattr(self.used, "wait_for_departed", None)
@@ -290,6 +294,12 @@ class LeaseState:
             departed(device)  # a process of the lease that has just exited: its worker is freeing its memory
         if self.in_use(device) + size > self.limits[device]:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
+
+    def count_departed_exports(self) -> None:
+        """Memory opened from a worker of the lease that has gone is counted here from now on (the caller
+        holds the lock)."""
+        for count in self.departed_exports:
+            count()
 
     def settle_pools(self, device: int) -> None:
         """What the processes' pools keep of `device` brought up to their synchronisations (the caller holds
@@ -774,6 +784,7 @@ class Session:
         free, total = self.executor.cuMemGetInfo()
         limit = min(total, self.lease.limits[dev])
         with self.lease.lock:
+            self.lease.count_departed_exports()
             self.lease.settle_pools(dev)
         return struct.pack("<QQ", max(0, min(free, limit - self.lease.in_use(dev))), limit), b""
 
@@ -1197,26 +1208,31 @@ class Session:
     def _vm_import_across(self, exported: int):
         """cuMemImportFromShareableHandle of memory a process of another worker of the lease exported
         (`gpuattach run --isolate`): the driver's descriptor of it, from that worker, imported here. Its
-        exporter's worker counts it against the partition. While this process holds memory imported from
-        `exported`, the descriptor names that memory still, the exporter gone or not, as the driver's does."""
+        exporter's worker counts it against the partition, and this one once that worker has gone
+        (Imports.count_departed). While this process holds memory imported from `exported`, the descriptor
+        names that memory still, the exporter gone or not, as the driver's does."""
         held = self.vm_across.get(exported)
-        if held in self.vm_handles:
+        if held in self.vm_handles:  # the same memory again, counted as that is
             size, device = self.vm_handles[held]
             prop = self.vm_props[held]
             handle = self.executor.cuMemImportFromShareableHandle(held)
+            memory = held
         else:
             found = _ipc_workers.fetch_vm(self.ipc_imports.state_dir, exported)
             if found is None:
                 raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
-            fd, size, device, prop = found
+            fd, size, device, prop, exporter = found
             try:
                 handle = self.executor.import_vm(fd, device)
             finally:
                 os.close(fd)
             self.vm_across[exported] = handle
+            memory = 0
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = prop
-        self.lease.vm_hold(handle, 0, device)  # nothing to count here (see above)
+        self.lease.vm_hold(handle, 0 if not memory else size, device, memory=memory)
+        if not memory:
+            self.ipc_imports.note_vm(handle, exporter, size, device)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
@@ -1277,6 +1293,8 @@ class Session:
         """gpLeaseMemory: what the lease holds of the device now (its used memory, as NVML would say)."""
         if not 0 <= ins[0] < len(self.lease.limits):
             raise CudaError(INVALID_VALUE, f"device {ins[0]}")
+        with self.lease.lock:
+            self.lease.count_departed_exports()
         return struct.pack("<Q", self.lease.in_use(ins[0])), b""
 
     def _ipc_import(self, call: Call, ins: tuple):

@@ -18,7 +18,8 @@ that the program maps where it likes.
 
 Only the lease's workers reach the socket (the state folder is the lease's, its owner's alone); a handle
 of another lease names memory no worker of this lease has, and is refused as natively. Memory opened
-from another worker counts against the partition in its exporter's worker, while that one holds it.
+from another worker counts against the partition in its exporter's worker, and in the opener's once the
+exporting process has exited (Imports.count_departed).
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ SOCKET_PREFIX = "ipc-"
 WINDOWS_PREFIX = "windows-"
 REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT, VMEM: the handle, 0
 MEMORY, EVENT, VMEM = 0, 1, 2
-# MEMORY's answer: 0 or a CUresult; the pages' base and size; their device (and a descriptor with 0)
-ANSWER = struct.Struct("<iQQi")
+# MEMORY's answer: 0 or a CUresult; the pages' base and size; their device; the pid of the process the
+# exporting worker serves (0: not on this host) (and a descriptor with 0)
+ANSWER = struct.Struct("<iQQii")
 # EVENT's answer: 0 or a CUresult; the driver's IPC handle of the event
 EVENT_ANSWER = struct.Struct("<i64s")
-# VMEM's answer: 0 or a CUresult; the memory's size, device, and its CUmemAllocationProp (length, bytes);
-# and a descriptor with 0
-VMEM_ANSWER = struct.Struct("<iQiI64s")
+# VMEM's answer: 0 or a CUresult; the memory's size, device, the pid of the process the exporting worker
+# serves, and its CUmemAllocationProp (length, bytes); and a descriptor with 0
+VMEM_ANSWER = struct.Struct("<iQiiI64s")
 ASK_TIMEOUT_S = 5.0
 
 
@@ -98,7 +100,8 @@ class Exporter:
     interprocess events. `pages_of` (address, size) -> (pages' base, size, device, backing) or a CudaError;
     `export` (backing) -> a descriptor for the pages, closed here once sent; `event_handle` (event) -> the
     driver's 64-byte IPC handle of it, or a CudaError; `vm_export` (handle a process exported) -> (size,
-    device, CUmemAllocationProp bytes, a descriptor closed here once sent), or a CudaError."""
+    device, CUmemAllocationProp bytes, a descriptor closed here once sent), or a CudaError; `serving` () ->
+    the pid of the process this worker serves, where it is on this host (else 0)."""
 
     def __init__(
         self,
@@ -107,10 +110,11 @@ class Exporter:
         export: Callable[[object], int],
         event_handle: Callable,
         vm_export: Callable,
+        serving: Callable[[], int],
     ) -> None:
         self.path = socket_path(state_dir, os.getpid())
         self.pages_of, self.export, self.event_handle = pages_of, export, event_handle
-        self.vm_export = vm_export
+        self.vm_export, self.serving = vm_export, serving
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -149,10 +153,11 @@ class Exporter:
             try:
                 vm_size, device, prop, fd = self.vm_export(base)
             except CudaError as exc:
-                conn.sendall(VMEM_ANSWER.pack(exc.code, 0, 0, 0, b""))
+                conn.sendall(VMEM_ANSWER.pack(exc.code, 0, 0, 0, 0, b""))
                 return
             try:
-                socket.send_fds(conn, [VMEM_ANSWER.pack(0, vm_size, device, len(prop), prop)], [fd])
+                answer = VMEM_ANSWER.pack(0, vm_size, device, self.serving(), len(prop), prop)
+                socket.send_fds(conn, [answer], [fd])
             finally:
                 os.close(fd)
             log.info("memory handle 0x%x (%d bytes) exported to another worker of the lease", base, vm_size)
@@ -161,10 +166,10 @@ class Exporter:
             pages_base, pages_size, device, backing = self.pages_of(base, size)
             fd = self.export(backing)
         except CudaError as exc:
-            conn.sendall(ANSWER.pack(exc.code, 0, 0, 0))
+            conn.sendall(ANSWER.pack(exc.code, 0, 0, 0, 0))
             return
         try:
-            socket.send_fds(conn, [ANSWER.pack(0, pages_base, pages_size, device)], [fd])
+            socket.send_fds(conn, [ANSWER.pack(0, pages_base, pages_size, device, self.serving())], [fd])
         finally:
             os.close(fd)
         log.info("pages [0x%x, +%d) exported to another worker of the lease", pages_base, pages_size)
@@ -178,7 +183,8 @@ class Exporter:
 
 
 def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struct.Struct):
-    """Each other worker of the lease in turn, until one answers 0: (its answer's fields, descriptors)."""
+    """Each other worker of the lease in turn, until one answers 0: (its answer's fields, descriptors, its
+    pid)."""
     mine = socket_path(state_dir, os.getpid()).name
     for path in _of_running_workers(sorted(state_dir.glob(f"{SOCKET_PREFIX}*.sock")), SOCKET_PREFIX):
         if path.name == mine:
@@ -193,20 +199,21 @@ def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struc
                 continue
         fields = answer.unpack(data) if len(data) == answer.size else (-1,)
         if fields[0] == 0 and len(fds) == (kind != EVENT):
-            return fields, fds
+            return fields, fds, int(path.name[len(SOCKET_PREFIX) :].split(".")[0])
         for fd in fds:
             os.close(fd)
     return None
 
 
-def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int] | None:
-    """The pages of another worker's allocation [base, +size): (descriptor, pages' base, size, device),
-    or None when no other worker of the lease has that allocation."""
+def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int, int] | None:
+    """The pages of another worker's allocation [base, +size): (descriptor, pages' base, size, device, the
+    pid whose end means the exporter has gone: its process's, else its worker's), or None when no other
+    worker of the lease has that allocation."""
     found = _ask_others(state_dir, MEMORY, base, size, ANSWER)
     if found is None:
         return None
-    (_, pages_base, pages_size, device), fds = found
-    return fds[0], pages_base, pages_size, device
+    (_, pages_base, pages_size, device, owner), fds, pid = found
+    return fds[0], pages_base, pages_size, device, owner or pid
 
 
 def fetch_event(state_dir: Path, event: int) -> bytes | None:
@@ -215,14 +222,15 @@ def fetch_event(state_dir: Path, event: int) -> bytes | None:
     return None if found is None else found[0][1]
 
 
-def fetch_vm(state_dir: Path, handle: int) -> tuple[int, int, int, bytes] | None:
+def fetch_vm(state_dir: Path, handle: int) -> tuple[int, int, int, bytes, int] | None:
     """Memory of the virtual memory API that a process of another worker exported under `handle`:
-    (descriptor, size, device, CUmemAllocationProp bytes), or None when no other worker exported it."""
+    (descriptor, size, device, CUmemAllocationProp bytes, the pid whose end means the exporter has gone),
+    or None when no other worker exported it."""
     found = _ask_others(state_dir, VMEM, handle, 0, VMEM_ANSWER)
     if found is None:
         return None
-    (_, size, device, prop_len, prop), fds = found
-    return fds[0], size, device, prop[:prop_len]
+    (_, size, device, owner, prop_len, prop), fds, pid = found
+    return fds[0], size, device, prop[:prop_len], owner or pid
 
 
 class Neighbours:
@@ -277,8 +285,12 @@ class Imports:
     the exporter's own was made), not a few pages' worth (measured on an H200: a 2 MiB reservation at
     another worker's address was put elsewhere)."""
 
-    def __init__(self, state_dir: Path, executor, neighbours: Neighbours) -> None:
-        self.state_dir, self.executor, self.neighbours = state_dir, executor, neighbours
+    def __init__(self, state_dir: Path, executor, neighbours: Neighbours, lease) -> None:
+        self.state_dir, self.executor, self.neighbours, self.lease = state_dir, executor, neighbours, lease
+        # What this worker opened of another's, by ("ipc", address) or ("vm", handle): [the exporter's pid
+        # (fetch), size, device, counted here]. The exporter's worker counts it against the partition; once
+        # the exporter has gone, this one does, for as long as it holds it (count_departed).
+        self.exported_by: dict[tuple[str, int], list] = {}
         self.pages: dict[int, Pages] = {}
         self.opened: dict[int, int] = {}  # an opened range's address -> its pages' base
         # another worker's window reserved here: its base -> [its size, how many pages mapped in it]
@@ -290,7 +302,7 @@ class Imports:
         found = fetch(self.state_dir, base, size)
         if found is None:
             return None
-        fd, pages_base, pages_size, device = found
+        fd, pages_base, pages_size, device, pid = found
         try:
             with self.lock:
                 pages = self.pages.get(pages_base)
@@ -306,6 +318,8 @@ class Imports:
                     pages = self.pages[pages_base] = Pages(pages_base, pages_size, backing, window)
                 pages.opens += 1
                 self.opened[base] = pages_base
+                with self.lease.lock:
+                    self.exported_by[("ipc", base)] = [pid, size, device, False]
         finally:
             os.close(fd)
         return device
@@ -347,6 +361,10 @@ class Imports:
             pages_base = self.opened.pop(base, None)
             if pages_base is None:
                 return False
+            with self.lease.lock:  # exported_by is the lease lock's (count_departed runs under it)
+                _, size, device, counted = self.exported_by.pop(("ipc", base))
+                if counted:
+                    self.lease.used[device] -= size
             pages = self.pages[pages_base]
             pages.opens -= 1
             if pages.opens:
@@ -355,6 +373,32 @@ class Imports:
             self.executor.unmap_imported(pages.base, pages.size, pages.backing)
             self.release_window(pages.window)
         return True
+
+    def note_vm(self, handle: int, pid: int, size: int, device: int) -> None:
+        """`handle` here is memory the worker `pid` exported (its vm_charged entry counts nothing here)."""
+        with self.lease.lock:
+            self.exported_by[("vm", handle)] = [pid, size, device, False]
+
+    def count_departed(self) -> None:
+        """What this worker holds of workers that have gone is counted here from now on (the caller holds
+        the lease's lock): natively memory counts while any process holds it."""
+        for key, entry in list(self.exported_by.items()):
+            pid, size, device, counted = entry
+            kind, value = key
+            if kind == "vm" and value not in self.lease.vm_memory_of:  # released since
+                del self.exported_by[key]
+                continue
+            if counted or running(pid):
+                continue
+            if kind == "vm":  # counted through its vm_charged entry from here on: dropped with it
+                memory = self.lease.vm_memory_of[value]
+                if self.lease.vm_charged.get(memory, (1, 0))[0]:
+                    continue  # counted here already (another holder of it made here)
+                self.lease.vm_charged[memory] = (size, device)
+                del self.exported_by[key]
+            else:
+                entry[3] = True
+            self.lease.used[device] += size
 
 
 def not_found(base: int) -> CudaError:

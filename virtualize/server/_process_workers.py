@@ -177,12 +177,15 @@ class ProcessWorkers:
         state_dir, executor = self.worker.state_dir, self.worker.executor
         session.window.exportable = True
         session.window.neighbours = _ipc_workers.Neighbours(state_dir)
-        session.ipc_imports = _ipc_workers.Imports(state_dir, executor, session.window.neighbours)
+        lease = self.worker.lease
+        session.ipc_imports = _ipc_workers.Imports(state_dir, executor, session.window.neighbours, lease)
+        lease.departed_exports.append(session.ipc_imports.count_departed)
         if self.exporter is None:
             try:
                 self.exporter = _ipc_workers.Exporter(
-                    state_dir, self._pages_of, executor.export_memory, self._event_handle, self._vm_export
-                )
+                    state_dir, self._pages_of, executor.export_memory, self._event_handle, self._vm_export,
+                    lambda: self.served.peer_pid if self.served is not None else 0,
+                )  # fmt: skip
             except OSError as exc:  # a state folder too deep for a socket's path, say: the process runs on
                 log.warning("this worker's memory cannot be opened by the lease's other processes (%s)", exc)
                 self.exporter = False
