@@ -1083,6 +1083,8 @@ class Session:
         self.vm_handles.pop(handle)
         self.vm_props.pop(handle, None)
         self.lease.vm_drop(handle)
+        for exported in [e for e, h in self.vm_across.items() if h == handle]:
+            del self.vm_across[exported]  # a later import of that descriptor asks its exporter again
 
     def _vm_map(self, call: Call, ins: tuple):
         ptr, size, offset, handle, flags = ins
