@@ -278,7 +278,8 @@ class Neighbours:
 
 class Imports:
     """This worker's side of opening: other workers' pages mapped here, by their base; each opened range
-    is served as memory of the lease that this worker does not count (its exporter does).
+    is served as memory of the lease that its exporter's worker counts, and this one once the exporting
+    process has gone (count_departed).
 
     The pages go where the exporter has them, inside a reservation here of the exporter's whole window:
     the driver places a reservation at the address asked for when it is window-shaped (1 GiB aligned, as
