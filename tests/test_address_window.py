@@ -10,6 +10,7 @@ import os
 import pytest
 
 from virtualize.server._address_window import GRANULE, SMALL_ALIGN, FreeRanges, WindowFull, WindowMemory
+from virtualize.server._executor_guard import LeaseState
 from virtualize.server._executor_host import HostExecutor
 from virtualize.server._ipc_workers import Imports, Neighbours
 
@@ -81,7 +82,7 @@ def test_a_worker_notes_the_other_workers_windows_it_holds_so_no_new_window_is_d
     importer.note([(0x7000_0000_0000, 64 << 30)])  # its own window
     exporter_window = (0x5000_0000_0000, 64 << 30)
     (tmp_path / "windows-1").write_text(f"{exporter_window[0]:x} {exporter_window[1]:x}\n")  # pid 1: running
-    imports = Imports(tmp_path, executor, importer)
+    imports = Imports(tmp_path, executor, importer, LeaseState([64 * MiB]))
     with imports.lock:
         base = imports.reserve_window(exporter_window[0] + (2 << 20), 2 << 20)
     assert base == exporter_window[0]
