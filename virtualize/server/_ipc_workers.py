@@ -383,13 +383,18 @@ class Imports:
     def count_departed(self) -> None:
         """What this worker holds of workers that have gone is counted here from now on (the caller holds
         the lease's lock): natively memory counts while any process holds it."""
+        gone: dict[int, bool] = {}  # one check per exporter, however many of its allocations are open here
         for key, entry in list(self.exported_by.items()):
             pid, size, device, counted = entry
             kind, value = key
             if kind == "vm" and value not in self.lease.vm_memory_of:  # released since
                 del self.exported_by[key]
                 continue
-            if counted or running(pid):
+            if counted:
+                continue
+            if pid not in gone:
+                gone[pid] = not running(pid)
+            if not gone[pid]:
                 continue
             if kind == "vm":  # counted through its vm_charged entry from here on: dropped with it
                 memory = self.lease.vm_memory_of[value]
