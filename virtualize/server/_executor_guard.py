@@ -168,7 +168,7 @@ class LeaseState:
     vm_memory_holders: Counter = field(default_factory=Counter)
     vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
-    # Each process's count of the memory it opened from other workers whose worker has gone
+    # Each process's count of the memory it opened from other workers' processes that have gone
     # (virtualize.server._ipc_workers.Imports.count_departed), run under `lock` before memory is counted.
     departed_exports: list[Callable[[], None]] = field(default_factory=list)
     # NCCL communicators made by the lease's processes: the id the client holds -> the server's
@@ -296,8 +296,8 @@ class LeaseState:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
 
     def count_departed_exports(self) -> None:
-        """Memory opened from a worker of the lease that has gone is counted here from now on (the caller
-        holds the lock)."""
+        """Memory opened from another worker whose exporting process has gone is counted here from now on
+        (the caller holds the lock)."""
         for count in self.departed_exports:
             count()
 
@@ -1210,7 +1210,7 @@ class Session:
     def _vm_import_across(self, exported: int):
         """cuMemImportFromShareableHandle of memory a process of another worker of the lease exported
         (`gpuattach run --isolate`): the driver's descriptor of it, from that worker, imported here. Its
-        exporter's worker counts it against the partition, and this one once that worker has gone
+        exporter's worker counts it against the partition, and this one once the exporting process has gone
         (Imports.count_departed). While this process holds memory imported from `exported`, the descriptor
         names that memory still, the exporter gone or not, as the driver's does."""
         held = self.vm_across.get(exported)
@@ -1232,7 +1232,7 @@ class Session:
             memory = 0
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = prop
-        self.lease.vm_hold(handle, 0 if not memory else size, device, memory=memory)
+        self.lease.vm_hold(handle, 0, device, memory=memory)  # counted elsewhere, or with `held`
         if not memory:
             self.ipc_imports.note_vm(handle, exporter, size, device)
         return struct.pack("<Q", handle), b""

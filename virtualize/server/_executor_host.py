@@ -228,9 +228,8 @@ class HostExecutor(Executor):
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
         self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
-        self.backing: dict[
-            int, bytearray | mmap.mmap
-        ] = {}  # cuMemCreate handle -> its bytes, shared by its mappings
+        # cuMemCreate handle -> its bytes, shared by its mappings (a memfd's where made to be shared)
+        self.backing: dict[int, bytearray | mmap.mmap] = {}
         self.vm_descriptors: dict[int, int] = {}  # memory created to be shared: its memfd (export_vm)
         self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
         self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
@@ -792,9 +791,8 @@ class HostExecutor(Executor):
         self._free(base)
 
     def export_vm(self, handle: int) -> int:
-        backing = self.backing.get(handle)
-        if handle not in self.created or not isinstance(backing, mmap.mmap):
-            raise CudaError(INVALID_VALUE, "not memory created to be shared as a POSIX file descriptor")
+        if handle not in self.created or handle not in self.vm_descriptors:
+            raise CudaError(INVALID_VALUE, "not memory created here to be shared as a POSIX file descriptor")
         return os.dup(self.vm_descriptors[handle])
 
     def import_vm(self, fd: int, device: int) -> int:
