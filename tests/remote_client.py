@@ -601,6 +601,46 @@ def scenario_memo():
     say("capturing", " ".join(map(str, seen)))
 
 
+def scenario_capture_info():
+    """cuStreamGetCaptureInfo as libraries ask it before each call: NONE outside any capture (many times),
+    ACTIVE with the capture's id and graph during one, through an end on the wrong stream, and NONE
+    again after the real end; an unknown stream is refused."""
+    setup()
+    one, two, graph = c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(one), 1), "stream")
+    check(cu.cuStreamCreate(ctypes.byref(two), 1), "stream")
+
+    def info(stream):
+        status, capture_id, of, deps, count = ctypes.c_int(-1), c_u64(), c_u64(), ctypes.c_void_p(), c_u64()
+        rc = cu.cuStreamGetCaptureInfo(stream, ctypes.byref(status), ctypes.byref(capture_id), ctypes.byref(of),
+                                       ctypes.byref(deps), None, ctypes.byref(count))  # fmt: skip
+        if rc:
+            return f"rc{rc}"
+        return f"1:{bool(capture_id.value and of.value)}" if status.value == 1 else str(status.value)
+
+    before = {info(s) for _ in range(200) for s in (one, two, c_u64(0))}
+    say("before", " ".join(sorted(before)))
+    say("unknown", info(c_u64(0xDEAD0000)))
+    check(cu.cuStreamBeginCapture(one, 2), "begin capture")  # relaxed
+    say("during", f"{info(one)} {info(two)}")
+    say("end_other", cu.cuStreamEndCapture(two, ctypes.byref(graph)))
+    say("after_end_other", info(one))
+    # the capture still open takes a copy from page-locked memory as a node that reads it at each launch
+    rc, dev = alloc(4)
+    check(rc, "alloc")
+    source, exe, word = c_u64(), c_u64(), (ctypes.c_uint32 * 1)()
+    check(cu.cuMemHostAlloc(ctypes.byref(source), c_u64(4), 0), "host alloc")
+    check(cu.cuMemcpyHtoDAsync(c_u64(dev), source, c_u64(4), one), "captured copy")
+    say("end", cu.cuStreamEndCapture(one, ctypes.byref(graph)))
+    say("after", " ".join(sorted({info(s) for _ in range(200) for s in (one, two)})))
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    ctypes.c_uint32.from_address(source.value).value = 7
+    check(cu.cuGraphLaunch(exe, one), "launch graph")
+    check(cu.cuStreamSynchronize(one), "sync")
+    check(cu.cuMemcpyDtoH(word, c_u64(dev), c_u64(4)), "read")
+    say("replayed", word[0])
+
+
 def scenario_capture_copy():
     """Copies between this process's memory and the GPU cannot be captured into a graph: the capture
     fails at its end, as the driver does for an operation a capture does not allow; work goes on."""

@@ -622,6 +622,29 @@ def test_allocations_land_in_a_window_the_program_reserved_before_its_first_allo
     assert "gpupool:" not in err
 
 
+def test_capture_info_outside_captures_is_answered_in_the_client_inside_one_by_the_worker(shim_dir, worker):
+    """Libraries ask whether their stream captures before each call (cuBLAS and cuSPARSE through
+    cudaStreamGetCaptureInfo; cupyx's Lanczos ran at 4-6x native time on 140,000 such round trips). With
+    no capture of the process open the client answers NONE itself; during one the worker answers, and an
+    end on a stream that was not capturing leaves the capture open, as natively."""
+    # page-locked memory not shared with the worker, as for a client on another host: the capture's copy
+    # node then depends on the client knowing its capture is open
+    env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_SHARED_PINNED="0")
+    out, err = run_client("capture_info", env)
+    assert out["unknown"].startswith("rc")  # a stream the lease never made is refused, not answered NONE
+    assert {k: v for k, v in out.items() if k != "unknown"} == {
+        "before": "0",
+        "during": "1:True 0",
+        "end_other": "903",  # CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+        "after_end_other": "1:True",
+        "end": "0",
+        "after": "0",
+        "replayed": "7",  # the captured copy read the page-locked word at the launch
+    }
+    # 600 questions outside captures, 4 during one or about an unknown stream: only those 4 travel
+    assert profile_rows(err)["cuStreamGetCaptureInfo_v3"]["calls"] <= 4
+
+
 def test_a_copy_from_the_programs_memory_inside_a_capture_fails_the_capture_not_the_replays(shim_dir, worker):
     out, _ = run_client("capture_copy", client_env(shim_dir, worker))
     assert out == {

@@ -266,6 +266,10 @@ def generate_types() -> str:
     for index, group in enumerate(MEMO_GROUPS):
         out.append(f"#define GP_MEMO_{group} {index}")
     out.append(f"#define GP_N_MEMO_GROUPS {len(MEMO_GROUPS)}u")
+    for call in CALLS:  # shim_memo.c reads the stream whose capture begins or ends as the first argument
+        assert not (call.pauses or call.resumes) or (call.ins and call.ins[0].type == "stream"), (
+            f"{call.name}: a call that pauses or resumes kept answers names its stream first"
+        )
     for table, groups_of in (
         ("invalidates", lambda c: c.invalidates),
         ("pauses", lambda c: (c.pauses,) if c.pauses else ()),

@@ -1071,7 +1071,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     if (call == GP_CALL_cuInit) __atomic_store_n(&program_initialized, 1, __ATOMIC_RELEASE);
     gp_managed_after(call, r);
     gp_idle_done(call, flags, args, generation, r);
-    if (changes) gp_memo_changed(call, r);
+    if (changes) gp_memo_changed(call, r, args, args_len);
     if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
     return r;
 }

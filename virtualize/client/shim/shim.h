@@ -56,7 +56,7 @@ void gp_memo_put(uint32_t call, int group, int with_ctx, uint64_t epoch, uint64_
 void gp_memo_forget(int group, uint64_t subject, int kind, int32_t attrib);
 void gp_memo_link(uint64_t child, uint64_t parent, int parent_kind);
 void gp_memo_changing(uint32_t call);
-void gp_memo_changed(uint32_t call, CUresult result);
+void gp_memo_changed(uint32_t call, CUresult result, const void *args, uint32_t args_len);
 uint64_t gp_memo_kept(uint32_t call);
 /* Synchronisations answered here when nothing can be pending (shim_idle.c). */
 void gp_idle_frame(uint32_t call, uint32_t flags);

@@ -1132,12 +1132,25 @@ CUresult cuStreamUpdateCaptureDependencies_v2(uint64_t stream, void *deps, void 
 static __thread uint64_t capture_nodes[MAX_NODE_DEPS];
 static __thread unsigned char capture_edges[8 * 64];
 
+/* Libraries ask before each call whether its stream captures (cuBLAS and cuSPARSE through the runtime's
+ * cudaStreamGetCaptureInfo, 100,000 times in a run of cupyx's Lanczos). While no capture this process
+ * began is open, no stream of it captures: the answer is NONE, for a stream the worker has confirmed
+ * (cuStreamIsCapturing's kept answer), as the worker's own answer would be (the other outputs are valid
+ * only while a capture is active; the worker's read zero). */
+static int capture_info_here(uint64_t stream, int32_t *status) {
+    int32_t capturing = 1;
+    return status && !gp_capture_open() && cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS &&
+           !capturing && !gp_capture_open();
+}
+
 static CUresult capture_info(uint64_t stream, int32_t *status, uint64_t *id, uint64_t *graph, const void **deps,
                              const void **edges, size_t *num_deps) {
     struct gp_in_cuStreamGetCaptureInfo_v3 in = {.stream = stream};
-    struct gp_out_cuStreamGetCaptureInfo_v3 out;
-    CUresult r = gp_call(GP_CALL_cuStreamGetCaptureInfo_v3, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
-                         capture_nodes, sizeof capture_nodes);
+    struct gp_out_cuStreamGetCaptureInfo_v3 out = {0};
+    CUresult r = capture_info_here(stream, status)
+                     ? CUDA_SUCCESS
+                     : gp_call(GP_CALL_cuStreamGetCaptureInfo_v3, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                               capture_nodes, sizeof capture_nodes);
     if (r) return r;
     if (status) *status = out.status;
     if (id) *id = out.id;

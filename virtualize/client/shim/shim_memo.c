@@ -283,14 +283,54 @@ void gp_memo_changing(uint32_t call) {
     pthread_mutex_unlock(&memo_lock);
 }
 
-void gp_memo_changed(uint32_t call, CUresult result) {
+/* The streams whose capture this process began (a pausing call that succeeded) and has not seen end: the
+ * group stays paused while one is listed. A resuming call (cuStreamEndCapture) that succeeded ended its
+ * stream's capture. One that failed may have ended it (an invalidated capture ends with its error) or
+ * not (the wrong thread, a stream that was not the capture's origin): the worker is asked whether the
+ * stream still captures. A stream not listed began no capture here, so its end resumes nothing. A capture
+ * begun beyond the table is never known to end: the group stays paused, slower and never wrong. */
+#define CAPTURES_MAX 128
+static struct {
+    uint64_t stream;
+    int group;
+} captures[CAPTURES_MAX];
+static int n_captures;
+
+static int capture_listed(uint64_t stream, int group, int remove) { /* under memo_lock */
+    for (int i = 0; i < n_captures; i++)
+        if (captures[i].stream == stream && captures[i].group == group) {
+            if (remove) captures[i] = captures[--n_captures];
+            return 1;
+        }
+    return 0;
+}
+
+static int still_capturing(uint64_t stream) { /* paused: asks the worker */
+    int32_t status = 0;
+    return cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != 0;
+}
+
+void gp_memo_changed(uint32_t call, CUresult result, const void *args, uint32_t args_len) {
     gp_memo_changing(call);
     uint32_t pause = gp_call_pauses[call], resume = gp_call_resumes[call];
     if (!pause && !resume) return;
+    uint64_t stream = 0; /* pausing and resuming calls name their stream first (_shimgen checks) */
+    if (args_len >= sizeof stream) memcpy(&stream, args, sizeof stream);
+    int ended = result == CUDA_SUCCESS;
+    if (resume && !ended) {
+        pthread_mutex_lock(&memo_lock);
+        int listed = 0;
+        for (int g = 0; g < (int)GP_N_MEMO_GROUPS; g++) listed |= (resume >> g) & 1 && capture_listed(stream, g, 0);
+        pthread_mutex_unlock(&memo_lock);
+        ended = listed && !still_capturing(stream);
+    }
     pthread_mutex_lock(&memo_lock);
     for (int g = 0; g < (int)GP_N_MEMO_GROUPS; g++) {
-        if ((pause >> g) & 1 && result == CUDA_SUCCESS) memo_paused[g]++;
-        if ((resume >> g) & 1 && memo_paused[g] > 0) memo_paused[g]--;
+        if ((pause >> g) & 1 && result == CUDA_SUCCESS) {
+            memo_paused[g]++;
+            if (n_captures < CAPTURES_MAX) captures[n_captures++] = (typeof(captures[0])){stream, g};
+        }
+        if ((resume >> g) & 1 && ended && capture_listed(stream, g, 1) && memo_paused[g] > 0) memo_paused[g]--;
     }
     pthread_mutex_unlock(&memo_lock);
 }
@@ -307,4 +347,5 @@ void gp_memo_after_fork_in_child(void) {
         memo_epochs[g]++;
         memo_paused[g] = 0;
     }
+    n_captures = 0;
 }
