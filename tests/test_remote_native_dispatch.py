@@ -461,7 +461,8 @@ def test_a_synchronise_after_kernel_output_sends_the_output_first(loop):
 @needs_cc
 def test_with_stats_on_each_connection_says_where_its_native_loop_spent_its_time(shim_dir, capfd):
     """GPUPOOL_WORKER_NATIVE_STATS=1: as a connection closes the worker logs how many frames its native loop
-    served and how its time split between reading them and launching — the 500 launches of a training-like
+    served and how its time split between reading them and launching (and of a launch, the executor's call
+    itself) — the 500 launches of a training-like
     loop over TLS among them (what the next profile of a worker across a step reads). The worker is stopped
     the moment its client has gone, as a pool server stops a released lease's: the lines are still written
     (a stopped worker lets connections that are closing finish)."""
@@ -471,7 +472,7 @@ def test_with_stats_on_each_connection_says_where_its_native_loop_spent_its_time
     )  # fmt: skip
     pattern = re.compile(
         r"native loop of a connection: (\d+) frames served in ([\d.]+) s: ([\d.]+) s reading them .*?(\d+) reads\), "
-        r"([\d.]+) s in (\d+) launches"
+        r"([\d.]+) s in (\d+) launches \(([\d.]+) µs each, ([\d.]+) µs of it in the executor's launch call\)"
     )
     try:
         run_client("native_dispatch", client_env(shim_dir, handle, GPUPOOL_DATA_ENCRYPTION="always"))
@@ -479,9 +480,10 @@ def test_with_stats_on_each_connection_says_where_its_native_loop_spent_its_time
         handle.stop()
     lines = pattern.findall(capfd.readouterr().err)
     assert lines, "no connection said where its loop's time went"
-    frames, serve, read, reads, launch, launches = max(lines, key=lambda line: int(line[5]))
+    frames, serve, read, reads, launch, launches, each, in_call = max(lines, key=lambda line: int(line[5]))
     assert int(launches) >= 490 and int(frames) >= int(launches) and int(reads) >= 1
     assert float(read) + float(launch) <= float(serve) + 0.002
+    assert 0 < float(in_call) <= float(each)  # the executor's call, apart from the loop's checks around it
 
 
 @needs_cc

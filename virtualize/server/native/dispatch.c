@@ -549,7 +549,7 @@ struct session {
     uint64_t moves;   /* the lease's moves when this serve began (its thread's context is of then) */
     /* where the loop's time went (gpf_set_stats): serving, reading frames (waiting for and decrypting
      * their bytes), in launches; frames served, reads that had to wait for bytes, launches */
-    uint64_t st_serve_ns, st_read_ns, st_launch_ns, st_frames, st_reads, st_launches;
+    uint64_t st_serve_ns, st_read_ns, st_launch_ns, st_frames, st_reads, st_launches, st_driver_ns;
 };
 
 EXPORT struct session *gpf_session_new(struct lease *l) {
@@ -697,11 +697,13 @@ static uint64_t spin_ns = 40000;
 EXPORT void gpf_set_spin(uint64_t ns) { spin_ns = ns; }
 
 /* Whether each connection keeps where its loop's time goes (GPUPOOL_WORKER_NATIVE_STATS; off, no clock is
- * read per frame), and what it kept: serving, reading frames, launching (ns); frames, reads, launches. */
+ * read per frame), and what it kept: serving, reading frames, launching (ns); frames, reads, launches; of
+ * the launching, in the executor's launch call itself (ns). */
 static int stats_on;
 EXPORT void gpf_set_stats(int on) { stats_on = on; }
 EXPORT void gpf_session_stats(const struct session *s, uint64_t *out) {
-    uint64_t kept[6] = {s->st_serve_ns, s->st_read_ns, s->st_launch_ns, s->st_frames, s->st_reads, s->st_launches};
+    uint64_t kept[7] = {s->st_serve_ns, s->st_read_ns, s->st_launch_ns, s->st_frames,
+                        s->st_reads,    s->st_launches, s->st_driver_ns};
     memcpy(out, kept, sizeof kept);
 }
 
@@ -927,8 +929,10 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
         if (args != small) free(args);
         return -1;
     }
+    uint64_t calling = stats_on ? now_ns() : 0;
     *result = l->ops.launch(func, dims, stream, n ? args : NULL, s->scratch, padded_len, n_attrs ? attrs : NULL,
                             n_attrs);
+    if (calling) s->st_driver_ns += now_ns() - calling;
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     if (args != small) free(args);
     return 0;
