@@ -174,7 +174,7 @@ def test_a_worker_that_dies_under_a_test_costs_that_test_only(tmp_path):
                     "    for pid in map(int, children):\n"
                     "        if pid != me:\n"
                     "            os.kill(pid, signal.SIGKILL)\n"
-                    "    import time; time.sleep(30)\n"
+                    "    import time; time.sleep(3)\n"
                     "def test_after(): assert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
                     "def test_last(): assert ctypes.CDLL('libcuda.so.1').cuDeviceGetCount(ctypes.byref(ctypes.c_int())) == 0\n")  # fmt: skip
     proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", "--timeout", "150",
@@ -229,8 +229,8 @@ def test_fetch_suites_brings_pytorchs_test_files_with_the_test_modules_they_impo
 def test_a_native_run_cut_by_its_time_limit_decides_the_tests_the_remote_run_runs(tmp_path):
     """The part's size is what the native run got through in --timeout: the remote run (host executor)
     runs exactly those tests, not the whole file, so the two counts compare the same tests."""
-    suite(tmp_path, "import time\n" + "".join(f"def test_{n:02d}(): time.sleep(0.5)\n" for n in range(80)))
-    proc = run(tmp_path, "--part", "slow=demo/test_demo.py", "--executor", "host", "--timeout", "15",
+    suite(tmp_path, "import time\n" + "".join(f"def test_{n:02d}(): time.sleep(0.25)\n" for n in range(80)))
+    proc = run(tmp_path, "--part", "slow=demo/test_demo.py", "--executor", "host", "--timeout", "8",
                "--remote-timeout", "200", timeout=400)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     part = row(tmp_path, "slow")

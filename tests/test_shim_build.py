@@ -60,3 +60,26 @@ def test_without_a_built_shim_the_error_says_how_to_get_one(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ShimNotBuilt, match="reinstall with a C compiler"):
         shim_library_path()
+
+
+@pytest.mark.needs("cc")
+def test_runs_share_one_compile_of_the_shim_until_a_source_changes(tmp_path, monkeypatch):
+    """fresh_shim (each suites run, benchmark, remote_once) compiles the sources once per user and reuses
+    that build while they are unchanged; a changed source file is what the next run gets."""
+    from virtualize.client import remote
+
+    sources = tmp_path / "client" / "shim"
+    sources.mkdir(parents=True)
+    (sources / "version.c").write_text('__attribute__((visibility("default"))) int gp_version(void) { return 1; }\n')
+    monkeypatch.setattr(remote, "SHIM_SOURCES", sources)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def version(run: str) -> int:
+        return ctypes.CDLL(str(remote.fresh_shim(tmp_path / run))).gp_version()
+
+    assert version("run1") == 1
+    built = list((tmp_path / "cache" / "gpupool").glob("built-shim-*"))
+    assert len(built) == 1
+    assert version("run2") == 1 and list((tmp_path / "cache" / "gpupool").glob("built-shim-*")) == built
+    (sources / "version.c").write_text('__attribute__((visibility("default"))) int gp_version(void) { return 2; }\n')
+    assert version("run3") == 2
