@@ -70,7 +70,8 @@ def test_runs_share_one_compile_of_the_shim_until_a_source_changes(tmp_path, mon
 
     sources = tmp_path / "client" / "shim"
     sources.mkdir(parents=True)
-    (sources / "version.c").write_text('__attribute__((visibility("default"))) int gp_version(void) { return 1; }\n')
+    source = '__attribute__((visibility("default"))) int gp_version(void) {{ return {}; }}\n'
+    (sources / "version.c").write_text(source.format(1))
     monkeypatch.setattr(remote, "SHIM_SOURCES", sources)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
@@ -81,5 +82,5 @@ def test_runs_share_one_compile_of_the_shim_until_a_source_changes(tmp_path, mon
     built = list((tmp_path / "cache" / "gpupool").glob("built-shim-*"))
     assert len(built) == 1
     assert version("run2") == 1 and list((tmp_path / "cache" / "gpupool").glob("built-shim-*")) == built
-    (sources / "version.c").write_text('__attribute__((visibility("default"))) int gp_version(void) { return 2; }\n')
+    (sources / "version.c").write_text(source.format(2))
     assert version("run3") == 2
