@@ -10,7 +10,8 @@ optionally `::` a pytest -k expression, optionally `@I/N`: every N-th of those t
 long file splits into parts that each fit a call. A test that passes natively and not remotely is listed
 with the first line of its failure, so each remaining difference has a cause to read; and where the remote
 run spends its time beyond the native one (`time:` lines: the tests both ran, then the groups of tests,
-a test less its parameters, that take 1.5 times as long and 1 s more). Results: a table
+a test less its parameters, that take 1.5 times as long and 1 s more; with --profile, `calls:` lines: the
+driver calls the remote run spent most time in). Results: a table
 on stdout, `suites.json` and `suites.md` in --out (default $OUT or the working directory).
 
 Counts come from bench/_suite_progress.py, a pytest plugin that writes each test's outcome as it happens
@@ -328,6 +329,23 @@ def differences(native: Counts, remote: Counts, limit: int = 15) -> list[str]:
 _PARAMETERS = re.compile(r"\[.*\]$|_param_\d+_\{.*?\}")
 
 
+def profiled_calls(log: Path, limit: int = 6) -> list[str]:
+    """With --profile: the driver calls the part's test processes spent most time in, summed over all of
+    them from each one's GPUPOOL_SHIM_PROFILE table in the remote log (how a slow group's cause is found)."""
+    calls: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else ():
+        # gpupool: NAME calls waited total-ms mean-us sent recv kept slow slow-ms others'-mean "us"
+        words = line.split()
+        if len(words) == 13 and words[0] == "gpupool:" and words[-1] == "us" and words[2].isdigit():
+            row = calls[words[1]]
+            row[0] += int(words[2])
+            row[1] += int(words[3])
+            row[2] += float(words[4])
+    top = sorted(calls.items(), key=lambda item: -item[1][2])[:limit]
+    return [f"{name}: {int(n):,} calls ({int(w):,} waited for the worker), {ms / 1000:.2f} s, "
+            f"{1000 * ms / max(n, 1):.1f} µs each" for name, (n, w, ms) in top]  # fmt: skip
+
+
 def slower(native: Counts, remote: Counts, limit: int = 8) -> list[str]:
     """Where the remote run spends its time beyond the native one, on the tests both ran: the whole, then the
     groups of tests (a test less its parameters) that take at least 1.5 times and 1 s more, most time
@@ -436,10 +454,13 @@ def main() -> int:
         slow = slower(native, remote) if not args.native_only else []
         for line in slow:
             print(f"  time: {line}")
+        spent = profiled_calls(args.out / f"{name}.remote.log") if name in profiled and not args.native_only else []
+        for line in spent:
+            print(f"  calls: {line}")
         rows.append({"part": name, "target": targets[name],
                      "native": {**asdict(native), "outcomes": None, "durations": None, "ran": len(native.ran)},
                      "remote": {**asdict(remote), "outcomes": None, "durations": None, "ran": len(remote.ran)},
-                     "lost": lost, "slower": slow})  # fmt: skip
+                     "lost": lost, "slower": slow, "calls": spent})  # fmt: skip
         (args.out / "suites.json").write_text(
             json.dumps(rows, indent=2)
         )  # after each part: a cut run keeps it

@@ -266,3 +266,7 @@ def test_the_tests_that_run_slower_remotely_are_named_by_group_and_profile_shows
     )
     log = (tmp_path / "out" / "demo.remote.log").read_text()
     assert "gpupool: profile of pid" in log and "cuInit" in log
+    # the calls the part's processes spent most time in, summed over them: cuInit once per process
+    calls = row(tmp_path, "demo")["calls"]
+    assert any(line.startswith("cuInit: ") for line in calls), calls
+    assert any(line.startswith("  calls: cuInit: ") for line in proc.stdout.splitlines())
