@@ -454,7 +454,11 @@ def main() -> int:
         slow = slower(native, remote) if not args.native_only else []
         for line in slow:
             print(f"  time: {line}")
-        spent = profiled_calls(args.out / f"{name}.remote.log") if name in profiled and not args.native_only else []
+        spent = (
+            profiled_calls(args.out / f"{name}.remote.log")
+            if name in profiled and not args.native_only
+            else []
+        )
         for line in spent:
             print(f"  calls: {line}")
         rows.append({"part": name, "target": targets[name],
