@@ -5334,6 +5334,31 @@ def scenario_migrate_primary():
     say("finished", 1)
 
 
+def scenario_migrate_events():
+    """Says `ready`, makes two events and as many more as the test's line `events N` asks (the last calls
+    before it waits: the worker's native loop makes them), says `made` and waits for the test (it may move
+    the lease meanwhile); then records, waits for and times two, and makes and destroys one more."""
+    setup()
+    stream, start, end = c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    say("ready", 1)
+    extra = [c_u64() for _ in range(int(sys.stdin.readline().split()[-1]))]  # "events N": N more events
+    for event in (start, end, *extra):
+        check(cu.cuEventCreate(ctypes.byref(event), 0), "create")
+    say("made", len(extra) + 2)
+    while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
+        say("step", 1)
+    ms = ctypes.c_float(-1)
+    recorded = [cu.cuEventRecord(start, stream), cu.cuEventRecord(end, stream), cu.cuEventSynchronize(end)]
+    recorded.append(cu.cuEventElapsedTime(ctypes.byref(ms), start, end))
+    say("recorded", ",".join(map(str, recorded)))
+    say("destroyed", f"{cu.cuEventDestroy(start)},{cu.cuEventDestroy(end)}")
+    check(cu.cuEventCreate(ctypes.byref(start), 0), "create after")
+    after = (cu.cuEventRecord(start, stream), cu.cuEventSynchronize(start), cu.cuEventDestroy(start))
+    say("after", ",".join(map(str, after)))
+    say("finished", 1)
+
+
 def scenario_migrate_graphs(host: bool = True):
     """Holds graphs a move must build again on the target: one built node by node (memset, kernel, copy,
     child graph, event record, host and empty nodes), instantiated twice (the first instantiated graph's
@@ -5728,6 +5753,33 @@ def scenario_event_batches():
     check(cu.cuEventCreate(ctypes.byref(other), 0), "an event of the new context")
     say("new_context_event", f"{cu.cuEventRecord(other, own)},{cu.cuStreamSynchronize(own)}")
     check(cu.cuCtxSetCurrent(primary), "back")
+
+
+def scenario_events_made_in_c():
+    """Named events made and destroyed where the worker's native loop serves them, then named by calls its
+    Python path serves (a graph's event-record node): the node holds the event the program made; after the
+    event's destroy no call can name it, neither a served one nor a graph node."""
+    setup()
+    stream, event, graph, node, got = c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    made = []
+    for _ in range(50):  # made and gone in C, never heard of by Python
+        check(cu.cuEventCreate(ctypes.byref(event), 0), "create")
+        check(cu.cuEventRecord(event, stream), "record")
+        made.append(cu.cuEventSynchronize(event))
+        check(cu.cuEventDestroy(event), "destroy")
+    say("short_lived", set(made) == {0})
+    check(cu.cuEventCreate(ctypes.byref(event), 2), "create")  # DISABLE_TIMING
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    say("node", cu.cuGraphAddEventRecordNode(ctypes.byref(node), graph, None, c_u64(0), event))
+    check(cu.cuGraphEventRecordNodeGetEvent(node, ctypes.byref(got)), "the node's event")
+    say("node_event", got.value == event.value)
+    check(cu.cuEventRecord(event, stream), "record")
+    say("synchronised", cu.cuEventSynchronize(event))
+    check(cu.cuEventDestroy(event), "destroy")
+    say("query_after", cu.cuEventQuery(event))
+    other = c_u64()
+    say("node_after", cu.cuGraphAddEventRecordNode(ctypes.byref(other), graph, None, c_u64(0), event))
 
 
 def scenario_event_names():

@@ -146,6 +146,25 @@ def test_the_primary_context_s_references_are_as_in_an_unmigrated_run(shim_dir, 
         assert migrated[key] == unmigrated[key], (key, migrated, unmigrated)
 
 
+def test_events_made_just_before_a_move_are_made_again_on_the_target(shim_dir, worker):
+    """Events the worker's native loop made (the program's last calls before the move, so no call through
+    Python has told Python's tables of them yet) are made again on the target by the move: they record,
+    synchronise, time and destroy there as on a lease that did not move."""
+    objects = []
+    for extra in (0, 6):
+        client = Client(shim_dir, worker, "migrate_events")
+        client.send(f"events {extra}")
+        client.until("made")
+        moved = worker.migrate(0, 1 - len(objects))
+        assert moved["ok"], moved
+        objects.append(moved["objects"])
+        client.send("moved")
+        client.until("step")
+        got = client.finish()
+        assert (got["recorded"], got["destroyed"], got["after"]) == ("0,0,0,0", "0,0", "0,0,0"), got
+    assert objects[1] - objects[0] >= 6, objects  # every event made, the six more too
+
+
 def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
     """A migration asked while the worker runs a long kernel of the lease waits until it has returned
     (the lease's streams are drained before the copy), then moves; the program goes on unharmed."""

@@ -25,6 +25,7 @@ from remote_helpers import client_env, needs_cc, run_client
 from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, CALLS
+from virtualize.common._results import CUresult
 from virtualize.server import _data_tls, _native_dispatch, _native_tls
 from virtualize.server._executor import CopiedBytes, CudaError, SharedHostMemory
 from virtualize.server._executor_guard import Allocation, LeaseState
@@ -521,3 +522,29 @@ def test_a_program_gets_the_same_answers_with_the_native_loop_and_without(shim_d
         "kernel": "says 2",
         "printed": "after sync",
     }
+
+
+@needs_cc
+def test_events_the_native_loop_makes_and_destroys_are_the_ones_python_calls_name(shim_dir, capfd):
+    """The native loop makes and destroys named events itself (no trip through the worker's Python path,
+    which a loop that makes events as it goes would wait behind); a call Python serves afterwards (a graph's
+    event-record node) names the same event, and a destroyed one is named by no call, served or not."""
+    handle = start_worker(
+        "events", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1",
+        env={_native_dispatch.STATS_ENV: "1"}, executor="host",
+    )  # fmt: skip
+    try:
+        out, err = run_client("events_made_in_c", client_env(shim_dir, handle))
+    finally:
+        handle.stop()
+    assert out == {
+        "short_lived": "True",
+        "node": "0",
+        "node_event": "True",
+        "synchronised": "0",
+        "query_after": str(int(CUresult.INVALID_HANDLE)),
+        "node_after": str(int(CUresult.INVALID_HANDLE)),
+    }, err
+    # the 50 short-lived events' making, record, synchronise and destroy: all served in C
+    served = re.findall(r"native loop of a connection: (\d+) frames served", capfd.readouterr().err)
+    assert served and max(map(int, served)) >= 200, served

@@ -527,6 +527,7 @@ def generate_native() -> str:
         f"#define GPF_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
         f"#define GPF_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
         f"#define GPF_MAX_EVENT_PAIRS {_wire.MAX_EVENT_PAIRS}u",
+        f"#define GPF_EVENT_NAME_TAG 0x{_wire.EVENT_NAME_TAG:x}ull /* a value the client names an event by */",
         f"#define GPF_EVENT_PAIR_BYTES {_wire.EVENT_PAIR.size}",
         f"#define GPF_EVENT_ELAPSED_BYTES {_wire.EVENT_ELAPSED.size}",
         f"#define GPF_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()}",

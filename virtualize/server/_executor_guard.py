@@ -558,6 +558,8 @@ class Session:
             return
         call = CALLS[call_id]
         self.channel.bulk_left = bulk_len
+        if self.lease.native is not None:  # named events the native loop made or destroyed: known first
+            self.lease.native.settle_events()
         try:
             answer = handler(call, call.in_struct.unpack(args) if call.ins else ())
             result = 0

@@ -74,6 +74,10 @@ NATIVE_CALLS = {
     "cuMemsetD16Async": "MEMSET_D16_ASYNC",
     "cuMemsetD32Async": "MEMSET_D32_ASYNC",
     "gpEventElapsedMany": "EVENT_ELAPSED_MANY",
+    # An event the client names (gpEventCreateNamed) made here, and a named event destroyed here: the
+    # guard's tables learn of both before Python next looks at the lease's events (NativeLease.settle_events).
+    "gpEventCreateNamed": "EVENT_CREATE_NAMED",
+    "cuEventDestroy_v2": "EVENT_DESTROY",
 }
 # Served calls whose C handler sends their answers itself, piece by piece (gpShmDtoH: one answer per piece
 # of the copy as it lands), not one answered value of at most 8 bytes.

@@ -687,7 +687,19 @@ class Translated:
         if not self.map.name("event", name, real):  # another connection took the name meanwhile
             self.inner.cuEventDestroy(real)
             raise CudaError(INVALID_VALUE, "that value names an event already")
-        ctx = getattr(self.local, "ctx", 0)
+        self._event_recorded(name, flags, getattr(self.local, "ctx", 0))
+
+    def event_made_elsewhere(self, name: int, real: int, flags: int, ctx: int) -> None:
+        """An event the native loop made for gpEventCreateNamed in the client's context `ctx` (the lease's
+        C table already has the name; so no connection can have taken it)."""
+        self.map.name("event", name, real)
+        self._event_recorded(name, flags, ctx)
+
+    def event_destroyed_elsewhere(self, name: int) -> None:
+        """A named event the native loop destroyed: gone from the name map and the records."""
+        self._forget("event", name)
+
+    def _event_recorded(self, name: int, flags: int, ctx: int) -> None:
         record = Record("cuEventCreate", (flags,), (), ctx, None, ("event", name), 0)
         with self.record_lock:
             self.records[("made", "event", name)] = record

@@ -160,6 +160,7 @@ def _native_paused(worker, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise MigrationRefused(f"the lease's calls did not pause within {timeout:.0f} s")
         time.sleep(0.001)
+    native.settle_events()  # the named events C made are in the records the move replays
 
 
 def migrate(worker, device: int, target: int, timeout: float = DRAIN_TIMEOUT_S, uuid: str = "") -> dict:

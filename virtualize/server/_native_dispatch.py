@@ -143,6 +143,9 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_session_free", [p], None),
         ("gpf_session_busy", [p], i),
         ("gpf_lease_python_only", [p, i], None),
+        ("gpf_lease_events_here", [p, i], None),
+        ("gpf_events_noted", [p], ctypes.c_size_t),
+        ("gpf_events_take", [p, ctypes.POINTER(u64), ctypes.c_size_t], ctypes.c_size_t),
         ("gpf_lease_moved", [p], None),
         ("gpf_session_calls", [p], u64),
         ("gpf_session_syncs", [p], u64),
@@ -296,6 +299,26 @@ class NativeLease:
             for a in lease.allocations.values():
                 lib.gpf_range_add(self.ptr, a.base, a.size)
             lease.native = self
+        # Named events made and destroyed in C where the executor maps names (settle_events tells Python).
+        lib.gpf_lease_events_here(self.ptr, int(translated))
+        self._settling = threading.Lock()
+
+    def settle_events(self) -> None:
+        """What C did to named events since last asked, into Python's tables: the executor's name map and
+        the records a move replays, and the guard's handles. Before Python reads the lease's events: each
+        call the Python path serves, a move, the end of a connection."""
+        if not self.lib.gpf_events_noted(self.ptr):
+            return
+        notes = (ctypes.c_uint64 * (5 * 256))()
+        with self._settling:  # in the order C made them, whoever asks
+            while n := self.lib.gpf_events_take(self.ptr, notes, 256):
+                for made, name, real, ctx, flags in zip(*[iter(notes[: 5 * n])] * 5, strict=True):
+                    if made:
+                        self.executor.event_made_elsewhere(name, real, flags, ctx)
+                        self.lease.handles["event"].add(name)
+                    else:
+                        self.lease.handles["event"].discard(name)
+                        self.executor.event_destroyed_elsewhere(name)
 
     def range_added(self, base: int, size: int) -> None:
         self.lib.gpf_range_add(self.ptr, base, size)
@@ -380,6 +403,9 @@ class NativeLease:
         call = IN_C_CALLS[which]
 
         def run() -> None:
+            if call.name == "gpEventCreateNamed":  # as C has the driver make it: the new event's handle
+                out[0] = self.direct.cuEventCreate(args[0])
+                return
             if call.symbol in ELEMENT_BYTES:  # a memset, as CopyCalls.memset has the executor run it
                 stream = args[3] if len(call.ins) > 3 else None
                 self.direct.memset(args[0], args[1], element_bytes(call), args[2], stream)
@@ -606,6 +632,7 @@ class NativeSession:
                 raise OSError("the connection failed")
 
     def close(self) -> None:
+        self.lease.settle_events()  # what this connection's loop did to named events, before anything is freed
         for base in list(self._pinned):  # no DMA may still be landing in memory the guard then frees
             self.pinned_drop(base)
         self.lease.mapped.pop(self._shared, None)

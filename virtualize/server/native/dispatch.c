@@ -104,6 +104,8 @@ static int (*drv_memset_d32)(uint64_t, uint32_t, size_t);
 static int (*drv_memset_d8_async)(uint64_t, uint8_t, size_t, uint64_t);
 static int (*drv_memset_d16_async)(uint64_t, uint16_t, size_t, uint64_t);
 static int (*drv_memset_d32_async)(uint64_t, uint32_t, size_t, uint64_t);
+static int (*drv_event_create)(uint64_t *, uint32_t);
+static int (*drv_event_destroy)(uint64_t);
 
 struct launch_config { /* CUlaunchConfig */
     uint32_t dims[7];
@@ -150,6 +152,8 @@ static int driver_call(uint32_t which, const uint64_t *args, uint64_t *out) {
     case C_MEMSET_D8_ASYNC: return drv_memset_d8_async(a, (uint8_t)b, args[2], args[3]);
     case C_MEMSET_D16_ASYNC: return drv_memset_d16_async(a, (uint16_t)b, args[2], args[3]);
     case C_MEMSET_D32_ASYNC: return drv_memset_d32_async(a, (uint32_t)b, args[2], args[3]);
+    case C_EVENT_CREATE_NAMED: return drv_event_create(out, (uint32_t)a); /* args: flags, the client's name */
+    case C_EVENT_DESTROY: return drv_event_destroy(a);
     }
     return 1; /* CUDA_ERROR_INVALID_VALUE */
 }
@@ -222,6 +226,8 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_memset_d8_async, "cuMemsetD8Async"},
         {(void **)&drv_memset_d16_async, "cuMemsetD16Async"},
         {(void **)&drv_memset_d32_async, "cuMemsetD32Async"},
+        {(void **)&drv_event_create, "cuEventCreate"},
+        {(void **)&drv_event_destroy, "cuEventDestroy_v2"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].slot = dlsym(lib, want[i].name);
@@ -266,6 +272,15 @@ struct lease {
     uint64_t moves;  /* live migrations done: a session that began serving before the last one goes to Python */
     uint64_t *moved; /* module globals a move placed elsewhere: (client's base, size, executor's base) each */
     size_t n_moved;
+    int events_here; /* named events are made and destroyed here (the executor keeps a name map) */
+    struct event_note *notes; /* what Python's tables have not yet heard of (gpf_events_take) */
+    size_t n_notes, cap_notes;
+};
+
+/* A named event made here (its executor's handle, the client's context then, its flags), or one
+ * destroyed here that Python's tables hold (made: 0). */
+struct event_note {
+    uint64_t made, name, real, ctx, flags;
 };
 
 static size_t slot_of(const struct table *t, uint64_t key) {
@@ -406,6 +421,7 @@ EXPORT void gpf_range_add(struct lease *l, uint64_t base, uint64_t size) {
 }
 
 EXPORT void gpf_lease_free(struct lease *l) {
+    free(l->notes);
     free(l->ranges);
     free(l->moved);
     for (int k = 0; k < KINDS; k++) table_clear(&l->kinds[k]);
@@ -445,6 +461,36 @@ EXPORT void gpf_handle_clear(struct lease *l, int kind) {
     pthread_mutex_lock(&l->lock);
     table_clear(&l->kinds[kind]);
     pthread_mutex_unlock(&l->lock);
+}
+
+/* Whether named events are made and destroyed here: only where the executor maps names (else Python
+ * refuses them, and so the loop leaves them to it). */
+EXPORT void gpf_lease_events_here(struct lease *l, int on) { __atomic_store_n(&l->events_here, on, __ATOMIC_SEQ_CST); }
+
+/* Notes not yet taken, so Python need not take the lock to learn there are none. */
+EXPORT size_t gpf_events_noted(struct lease *l) { return __atomic_load_n(&l->n_notes, __ATOMIC_SEQ_CST); }
+
+/* Up to `cap` notes, oldest first, into `out` (5 values each: made, name, real, ctx, flags); how many. */
+EXPORT size_t gpf_events_take(struct lease *l, uint64_t *out, size_t cap) {
+    pthread_mutex_lock(&l->lock);
+    size_t n = l->n_notes < cap ? l->n_notes : cap;
+    memcpy(out, l->notes, n * sizeof *l->notes);
+    memmove(l->notes, l->notes + n, (l->n_notes - n) * sizeof *l->notes);
+    __atomic_store_n(&l->n_notes, l->n_notes - n, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&l->lock);
+    return n;
+}
+
+static int event_note(struct lease *l, struct event_note note) { /* under the lock */
+    if (l->n_notes == l->cap_notes) {
+        size_t cap = l->cap_notes ? 2 * l->cap_notes : 64;
+        struct event_note *more = realloc(l->notes, cap * sizeof *more);
+        if (!more) return -1;
+        l->notes = more, l->cap_notes = cap;
+    }
+    l->notes[l->n_notes] = note;
+    __atomic_store_n(&l->n_notes, l->n_notes + 1, __ATOMIC_SEQ_CST);
+    return 0;
 }
 
 /* A function the Python path has launched: its parameters' offsets and sizes, and the bytes they need. */
@@ -950,6 +996,88 @@ static int other(struct session *s, int c, const uint8_t *a, int *result, uint64
     return 0;
 }
 
+/* Room for one more note, made before the call it is about (the call cannot be undone); under the lock. */
+static int notes_room(struct lease *l) {
+    if (l->n_notes < l->cap_notes) return 0;
+    size_t cap = l->cap_notes ? 2 * l->cap_notes : 64;
+    struct event_note *more = realloc(l->notes, cap * sizeof *more);
+    if (!more) return -1;
+    l->notes = more, l->cap_notes = cap;
+    return 0;
+}
+
+/* gpEventCreateNamed, as the guard's _event_create_named and the executor's event_named run it: an event
+ * made in the connection's context, called by the client's name from now on, in the lease's table at
+ * once and noted for Python's (the guard's handles, the executor's name map and the record a move
+ * replays). -1 for the Python path: no name map here, a value not the client's to choose or already an
+ * event, flags other than blocking-sync and disable-timing, or a failure (Python's path says why, at
+ * the next synchronising call, as for any unanswered call). */
+static int event_create_named(struct session *s, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    uint32_t flags = u32(a + GPF_AT_EVENT_CREATE_NAMED_flags);
+    uint64_t name = u64(a + GPF_AT_EVENT_CREATE_NAMED_name), real = 0, args[2] = {flags, name};
+    if (!__atomic_load_n(&l->events_here, __ATOMIC_SEQ_CST) || name >> 56 != GPF_EVENT_NAME_TAG || flags & ~3u)
+        return -1;
+    pthread_mutex_lock(&l->lock);
+    int free_name = !table_has(&l->kinds[KIND_EVENT], name, NULL) && notes_room(l) == 0;
+    pthread_mutex_unlock(&l->lock);
+    if (!free_name || !enter(s)) return -1;
+    int r = l->ops.call(C_EVENT_CREATE_NAMED, args, &real);
+    if (r || !real) {
+        __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+        return -1;
+    }
+    pthread_mutex_lock(&l->lock); /* still busy until noted: a move waits for that, then takes the notes */
+    struct table *t = &l->kinds[KIND_EVENT];
+    int kept = !table_has(t, name, NULL);
+    if (kept) table_put(t, name, NULL), kept = table_has(t, name, NULL); /* (no memory: not kept) */
+    if (kept) {
+        t->reals[slot_of(t, name)] = real == name ? 0 : real;
+        if (event_note(l, (struct event_note){1, name, real, s->ctx, flags}) < 0) table_drop(t, name), kept = 0;
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (!kept) { /* undone: the Python path makes it */
+        uint64_t undo[1] = {real}, none = 0;
+        l->ops.call(C_EVENT_DESTROY, undo, &none);
+    }
+    __atomic_store_n(&s->busy, 0, __ATOMIC_SEQ_CST);
+    *result = 0;
+    return kept ? 0 : -1;
+}
+
+/* cuEventDestroy of a named event of the lease's (an interprocess or opened event is a driver handle,
+ * with the guard's bookkeeping: Python's): destroyed, out of the lease's table, and noted for Python's
+ * tables, or, made here and not yet taken by Python, its note dropped. -1 for the Python path. */
+static int event_destroy(struct session *s, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    uint64_t name = u64(a + GPF_AT_EVENT_DESTROY_event), none = 0;
+    if (!__atomic_load_n(&l->events_here, __ATOMIC_SEQ_CST) || name >> 56 != GPF_EVENT_NAME_TAG) return -1;
+    pthread_mutex_lock(&l->lock);
+    int known = table_has(&l->kinds[KIND_EVENT], name, NULL) && notes_room(l) == 0;
+    uint64_t args[1] = {table_real(&l->kinds[KIND_EVENT], name)};
+    pthread_mutex_unlock(&l->lock);
+    if (!known || !enter(s)) return -1;
+    int r = l->ops.call(C_EVENT_DESTROY, args, &none);
+    if (r) {
+        __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+        return -1;
+    }
+    pthread_mutex_lock(&l->lock); /* still busy until noted */
+    table_drop(&l->kinds[KIND_EVENT], name);
+    size_t i = l->n_notes;
+    while (i > 0 && !(l->notes[i - 1].made && l->notes[i - 1].name == name)) i--;
+    if (i > 0) { /* Python never hears of it */
+        memmove(l->notes + i - 1, l->notes + i, (l->n_notes - i) * sizeof *l->notes);
+        __atomic_store_n(&l->n_notes, l->n_notes - 1, __ATOMIC_SEQ_CST);
+    } else {
+        event_note(l, (struct event_note){0, name, 0, 0, 0}); /* room was made before the destroy */
+    }
+    pthread_mutex_unlock(&l->lock);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_SEQ_CST);
+    *result = 0;
+    return 0;
+}
+
 /* A small copy (args: device address, count, stream; a copy to the device's bytes at `bulk`): checked
  * as the guard checks it, run; -1 for the Python path (outside the lease's memory, a capture, ...).
  * A copy to the host leaves [reply header][bytes] at s->copied. */
@@ -1155,7 +1283,9 @@ static int serve(struct session *s, const struct io *io_, struct buffer *b, int 
              : pinned      ? pinned_copy(s, a, &result)
              : shm         ? shm_htod(s, a, &result)
              : copying     ? copy(s, c, a, bulk, bulk_len, &result)
-                           : other(s, c, a, &result, &value)) < 0)
+             : c == C_EVENT_CREATE_NAMED ? event_create_named(s, a, &result)
+             : c == C_EVENT_DESTROY      ? event_destroy(s, a, &result)
+                                         : other(s, c, a, &result, &value)) < 0)
             return TO_PYTHON;
         if (launching) s->st_launch_ns += now_ns() - launching, s->st_launches++;
         b->start += HEADER + args_len + bulk_len;

@@ -19,6 +19,7 @@
 #define GPF_FLAG_WANTS_REPLY 1u
 #define GPF_LAUNCH_ATTRIBUTE_BYTES 72
 #define GPF_MAX_EVENT_PAIRS 4096u
+#define GPF_EVENT_NAME_TAG 0xeeull /* a value the client names an event by */
 #define GPF_EVENT_PAIR_BYTES 16
 #define GPF_EVENT_ELAPSED_BYTES 8
 #define GPF_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull
@@ -54,6 +55,8 @@ enum {
     C_MEMSET_D16_ASYNC, /* cuMemsetD16Async */
     C_MEMSET_D32_ASYNC, /* cuMemsetD32Async */
     C_EVENT_ELAPSED_MANY, /* gpEventElapsedMany */
+    C_EVENT_CREATE_NAMED, /* gpEventCreateNamed */
+    C_EVENT_DESTROY, /* cuEventDestroy_v2 */
     C_COUNT
 };
 
@@ -107,6 +110,8 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
     [C_MEMSET_D16_ASYNC] = {257, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
     [C_MEMSET_D32_ASYNC] = {258, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
     [C_EVENT_ELAPSED_MANY] = {492, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
+    [C_EVENT_CREATE_NAMED] = {484, 12, 0, 0, 0, 0, 0, 255, 2, {{0, 4, GPF_PLAIN, 255, 1}, {4, 8, GPF_PLAIN, 255, 1}}},
+    [C_EVENT_DESTROY] = {489, 8, 0, 0, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
@@ -194,3 +199,6 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
 #define GPF_AT_MEMSET_D32_ASYNC_count 12
 #define GPF_AT_MEMSET_D32_ASYNC_stream 20
 #define GPF_AT_EVENT_ELAPSED_MANY_count 0
+#define GPF_AT_EVENT_CREATE_NAMED_flags 0
+#define GPF_AT_EVENT_CREATE_NAMED_name 4
+#define GPF_AT_EVENT_DESTROY_event 0
