@@ -386,7 +386,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=240,
                         help="seconds for a part's native run, resumed runs included (default 240)")  # fmt: skip
     parser.add_argument("--remote-timeout", type=float,
-                        help="seconds for a part's remote run (default: --timeout)")  # fmt: skip
+                        help="seconds for a part's remote run (default: twice --timeout, so that a part a "
+                             "lease runs more slowly still reaches the tests the native run did)")  # fmt: skip
     parser.add_argument("--per-test", type=int, default=60, help="seconds per test (default 60)")
     parser.add_argument("--native-only", action="store_true", help="only the native runs: to size parts")
     parser.add_argument("--gpu", type=int, default=0,
@@ -444,7 +445,7 @@ def main() -> int:
         if not args.native_only:
             # A native run cut by its time limit defines the part: the remote run runs those tests only.
             only = native.ran if native.exit == 124 else None
-            remote = run_part(name, part, suites, args.out, True, args.remote_timeout or args.timeout,
+            remote = run_part(name, part, suites, args.out, True, args.remote_timeout or 2 * args.timeout,
                               args.per_test, only, name in traced, args.executor, args.gpu,
                               args.partition_mib, args.isolate, name in profiled)  # fmt: skip
             print(_summary(name, "remote", remote), flush=True)
