@@ -996,6 +996,8 @@ static int other(struct session *s, int c, const uint8_t *a, int *result, uint64
     return 0;
 }
 
+enum { MAX_NOTES = 1 << 16 }; /* events made here that Python has not yet heard of, at most */
+
 /* Room for one more note, made before the call it is about (the call cannot be undone); under the lock. */
 static int notes_room(struct lease *l) {
     if (l->n_notes < l->cap_notes) return 0;
@@ -1018,8 +1020,8 @@ static int event_create_named(struct session *s, const uint8_t *a, int *result) 
     uint64_t name = u64(a + GPF_AT_EVENT_CREATE_NAMED_name), real = 0, args[2] = {flags, name};
     if (!__atomic_load_n(&l->events_here, __ATOMIC_SEQ_CST) || name >> 56 != GPF_EVENT_NAME_TAG || flags & ~3u)
         return -1;
-    pthread_mutex_lock(&l->lock);
-    int free_name = !table_has(&l->kinds[KIND_EVENT], name, NULL) && notes_room(l) == 0;
+    pthread_mutex_lock(&l->lock); /* (notes pile up only while no call goes to Python: then one does) */
+    int free_name = !table_has(&l->kinds[KIND_EVENT], name, NULL) && l->n_notes < MAX_NOTES && notes_room(l) == 0;
     pthread_mutex_unlock(&l->lock);
     if (!free_name || !enter(s)) return -1;
     int r = l->ops.call(C_EVENT_CREATE_NAMED, args, &real);
