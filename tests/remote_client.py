@@ -1548,7 +1548,8 @@ def scenario_ipc_event_consumer():
 
 
 def scenario_ipc_export():
-    """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now."""
+    """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now
+    (IPC_FREE: free it instead, then say what the lease uses at each line `used`; exit at another)."""
     setup()
     size = int(
         os.environ.get("IPC_BYTES", "4096")
@@ -1565,6 +1566,11 @@ def scenario_ipc_export():
     say("handle", handle.raw.hex())
     say("event_handle", event_handle.raw.hex())
     sys.stdin.readline()
+    if "IPC_FREE" in os.environ:  # freed while another process may hold it open; then, at each line
+        say("freed", cu.cuMemFree(c_u64(ptr)))  # "used", what the lease uses, until another line ends it
+        while sys.stdin.readline().strip() == "used":
+            say("used_mib", _used_mib())
+        return
     rc, data = dtoh(ptr, size)
     say("after_import", data[:4].hex() if data == b"\xab" * size else "not all the importer's")
     say("event_after_import", cu.cuEventQuery(event))  # the importer's destroy closed only its own

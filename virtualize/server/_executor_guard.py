@@ -171,6 +171,11 @@ class LeaseState:
     # Each process's count of the memory it opened from other workers' processes that have gone
     # (virtualize.server._ipc_workers.Imports.count_departed), run under `lock` before memory is counted.
     departed_exports: list[Callable[[], None]] = field(default_factory=list)
+    # This worker's allocations other workers of the lease opened (by IPC handle): base -> the opening
+    # workers' pids, one per open. One freed while still open elsewhere stays counted here, as natively the
+    # memory stays allocated until its last opener closes it: base -> [size, device, the openers' pids].
+    opened_elsewhere: dict[int, list[int]] = field(default_factory=dict)
+    held_for_others: dict[int, list] = field(default_factory=dict)
     # NCCL communicators made by the lease's processes: the id the client holds -> the server's
     # (virtualize.server._guard_nccl.Communicator)
     nccl_comms: dict[int, Any] = field(default_factory=dict)
@@ -233,9 +238,51 @@ class LeaseState:
         a = self.allocations.pop(base, None)
         if a is not None:
             self.bases.pop(bisect.bisect_left(self.bases, base))
-            if a.owned and a.charged:
+            openers = self.opened_elsewhere.pop(base, None)
+            if a.owned and a.charged and openers:  # still counted until the last opener closes it
+                self.held_for_others[base] = [a.size, a.device, openers]
+            elif a.owned and a.charged:
                 self.used[a.device] -= a.size
         return a
+
+    def opened_by(self, base: int, worker: int) -> None:
+        """Another worker of the lease (pid `worker`) opened this worker's allocation at `base`."""
+        with self.lock:
+            if base in self.allocations:
+                self.opened_elsewhere.setdefault(base, []).append(worker)
+
+    def closed_by(self, base: int, worker: int) -> None:
+        """That worker closed it again; a freed allocation's count goes with its last opener."""
+        with self.lock:
+            self._closed_by(base, worker)
+
+    def _closed_by(self, base: int, worker: int) -> None:
+        held = self.held_for_others.get(base)
+        openers = held[2] if held is not None and worker in held[2] else self.opened_elsewhere.get(base, [])
+        if worker in openers:
+            openers.remove(worker)
+        if held is not None and not held[2]:
+            del self.held_for_others[base]
+            self.used[held[1]] -= held[0]
+        elif not openers:
+            self.opened_elsewhere.pop(base, None)
+
+    def stop_holding_for_others(self) -> None:
+        """The process whose allocations these were has ended: the workers that still have them open count
+        them from now on (their Imports.count_departed), so this one no longer does."""
+        with self.lock:
+            for size, device, _ in self.held_for_others.values():
+                self.used[device] -= size
+            self.held_for_others.clear()
+            self.opened_elsewhere.clear()
+
+    def count_openers_gone(self, running: Callable[[int], bool]) -> None:
+        """Openers whose worker has ended (`running`: whether a pid runs; a process that crashed holding the
+        memory) hold it no longer (the caller holds the lock)."""
+        for base, (_, _, openers) in list(self.held_for_others.items()):
+            for worker in [w for w in set(openers) if not running(w)]:
+                while worker in openers:
+                    self._closed_by(base, worker)
 
     def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False, memory: int = 0) -> None:
         """A process of the lease holds `handle` now (created, retained or imported; `memory`: the handle
@@ -657,6 +704,8 @@ class Session:
                     "could not free 0x%x after the client left: %s", a.base, exc
                 )
             self.lease.remove(a.base)
+        if self.ipc_imports is not None:  # its process has ended: other workers' openers count what they hold
+            self.lease.stop_holding_for_others()
         self._vm_close()
         self.array_calls.close()
         for base in list(self.pinned):

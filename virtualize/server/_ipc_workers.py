@@ -41,7 +41,8 @@ log = logging.getLogger("gpupool.worker")
 SOCKET_PREFIX = "ipc-"
 WINDOWS_PREFIX = "windows-"
 REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT, VMEM: the handle, 0
-MEMORY, EVENT, VMEM = 0, 1, 2
+MEMORY, EVENT, VMEM, CLOSED = 0, 1, 2, 3  # CLOSED: an allocation opened with MEMORY closed again (base, 0)
+CLOSED_ANSWER = struct.Struct("<i")  # CLOSED's: 0 once the exporter has counted the close
 # MEMORY's answer: 0 or a CUresult; the pages' base and size; their device; the pid of the process the
 # exporting worker serves (0: not on this host) (and a descriptor with 0)
 ANSWER = struct.Struct("<iQQii")
@@ -101,7 +102,9 @@ class Exporter:
     `export` (backing) -> a descriptor for the pages, closed here once sent; `event_handle` (event) -> the
     driver's 64-byte IPC handle of it, or a CudaError; `vm_export` (handle a process exported) -> (size,
     device, CUmemAllocationProp bytes, a descriptor closed here once sent), or a CudaError; `serving` () ->
-    the pid of the process this worker serves, where it is on this host (else 0)."""
+    the pid of the process this worker serves, where it is on this host (else 0); `opened`, `closed` (base,
+    the asking worker's pid): another worker opened this worker's allocation at `base`, or closed it again
+    (LeaseState.opened_by, closed_by: one freed meanwhile stays counted here until its last opener closes it)."""
 
     def __init__(
         self,
@@ -111,10 +114,13 @@ class Exporter:
         event_handle: Callable,
         vm_export: Callable,
         serving: Callable[[], int],
+        opened: Callable[[int, int], None] = lambda base, worker: None,
+        closed: Callable[[int, int], None] = lambda base, worker: None,
     ) -> None:
         self.path = socket_path(state_dir, os.getpid())
         self.pages_of, self.export, self.event_handle = pages_of, export, event_handle
         self.vm_export, self.serving = vm_export, serving
+        self.opened, self.closed = opened, closed
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -143,6 +149,11 @@ class Exporter:
         if len(request) != REQUEST.size:
             return
         kind, base, size = REQUEST.unpack(request)
+        asker = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        if kind == CLOSED:
+            self.closed(base, asker)
+            conn.sendall(CLOSED_ANSWER.pack(0))
+            return
         if kind == EVENT:
             try:
                 conn.sendall(EVENT_ANSWER.pack(0, self.event_handle(base)))
@@ -172,6 +183,7 @@ class Exporter:
             socket.send_fds(conn, [ANSWER.pack(0, pages_base, pages_size, device, self.serving())], [fd])
         finally:
             os.close(fd)
+        self.opened(base, asker)
         log.info("pages [0x%x, +%d) exported to another worker of the lease", pages_base, pages_size)
 
     def close(self) -> None:
@@ -205,15 +217,28 @@ def _ask_others(state_dir: Path, kind: int, value: int, size: int, answer: struc
     return None
 
 
-def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int, int] | None:
+def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int, int, int] | None:
     """The pages of another worker's allocation [base, +size): (descriptor, pages' base, size, device, the
-    pid whose end means the exporter has gone: its process's, else its worker's), or None when no other
-    worker of the lease has that allocation."""
+    pid whose end means the exporter has gone: its process's, else its worker's; the worker's pid), or None
+    when no other worker of the lease has that allocation."""
     found = _ask_others(state_dir, MEMORY, base, size, ANSWER)
     if found is None:
         return None
     (_, pages_base, pages_size, device, owner), fds, pid = found
-    return fds[0], pages_base, pages_size, device, owner or pid
+    return fds[0], pages_base, pages_size, device, owner or pid, pid
+
+
+def tell_closed(state_dir: Path, worker: int, base: int) -> None:
+    """Tell the worker `worker` that this one closed its allocation at `base` (opened with fetch), and wait
+    until it has counted that; nothing where that worker has ended (it counts nothing any more)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(ASK_TIMEOUT_S)
+        try:
+            sock.connect(str(socket_path(state_dir, worker)))
+            sock.sendall(REQUEST.pack(CLOSED, base, 0))
+            sock.recv(CLOSED_ANSWER.size, socket.MSG_WAITALL)
+        except OSError:
+            pass
 
 
 def fetch_event(state_dir: Path, event: int) -> bytes | None:
@@ -303,7 +328,7 @@ class Imports:
         found = fetch(self.state_dir, base, size)
         if found is None:
             return None
-        fd, pages_base, pages_size, device, pid = found
+        fd, pages_base, pages_size, device, pid, worker = found
         try:
             with self.lock:
                 pages = self.pages.get(pages_base)
@@ -313,6 +338,7 @@ class Imports:
                         backing = self.executor.import_memory(fd, pages_base, pages_size, device)
                     except CudaError as exc:  # the program sees only an error code: say here what failed
                         self.release_window(window)
+                        tell_closed(self.state_dir, worker, base)  # not opened after all
                         log.warning("pages [0x%x, +%d) of another worker of the lease could not be mapped "
                                     "here: %s", pages_base, pages_size, exc)  # fmt: skip
                         raise
@@ -320,7 +346,7 @@ class Imports:
                 pages.opens += 1
                 self.opened[base] = pages_base
                 with self.lease.lock:
-                    self.exported_by[("ipc", base)] = [pid, size, device, False]
+                    self.exported_by[("ipc", base)] = [pid, size, device, False, worker]
         finally:
             os.close(fd)
         return device
@@ -363,9 +389,10 @@ class Imports:
             if pages_base is None:
                 return False
             with self.lease.lock:  # exported_by is the lease lock's (count_departed runs under it)
-                _, size, device, counted = self.exported_by.pop(("ipc", base))
+                _, size, device, counted, worker = self.exported_by.pop(("ipc", base))
                 if counted:
                     self.lease.used[device] -= size
+            tell_closed(self.state_dir, worker, base)  # its worker counted it, if it still does
             pages = self.pages[pages_base]
             pages.opens -= 1
             if pages.opens:
@@ -385,7 +412,7 @@ class Imports:
         the lease's lock): natively memory counts while any process holds it."""
         gone: dict[int, bool] = {}  # one check per exporter, however many of its allocations are open here
         for key, entry in list(self.exported_by.items()):
-            pid, size, device, counted = entry
+            pid, size, device, counted = entry[:4]
             kind, value = key
             if kind == "vm" and value not in self.lease.vm_memory_of:  # released since
                 del self.exported_by[key]

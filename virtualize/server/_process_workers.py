@@ -185,7 +185,9 @@ class ProcessWorkers:
                 self.exporter = _ipc_workers.Exporter(
                     state_dir, self._pages_of, executor.export_memory, self._event_handle, self._vm_export,
                     lambda: self.served.peer_pid if self.served is not None else 0,
+                    opened=lease.opened_by, closed=lease.closed_by,
                 )  # fmt: skip
+                lease.departed_exports.append(lambda: lease.count_openers_gone(_ipc_workers.running))
             except OSError as exc:  # a state folder too deep for a socket's path, say: the process runs on
                 log.warning("this worker's memory cannot be opened by the lease's other processes (%s)", exc)
                 self.exporter = False
