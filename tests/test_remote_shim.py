@@ -239,18 +239,20 @@ def test_with_isolate_ipc_handles_open_across_workers(shim_dir, size):
         worker.stop()
 
 
-def test_with_isolate_memory_opened_from_a_process_that_has_exited_counts_until_it_is_closed(shim_dir):
-    """Natively memory a process opened by IPC handle stays allocated, and counted, after its exporter has
-    exited, until the opener closes it. Under GPUPOOL_ISOLATE the exporter's worker counted it and lets go
-    when its process ends; the opener's worker counts it from then on, and no longer once it is closed."""
+@contextlib.contextmanager
+def _holding_isolated(shim_dir, **exporter_env):
+    """An isolated lease (host executor) whose exporting process has handed 3 MiB to an importing process
+    that holds it open: (the lease's worker, the exporter, the importer, the sockets of the workers that
+    answered before the importer came: the exporter's). Every process is stopped at the end."""
     worker = start_worker("isolated-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
                           executor="host")  # fmt: skip
     env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", IPC_BYTES=str(3 * MiB))
-    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env={**env, **exporter_env},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     importer = None
     try:
         handle = exporter.stdout.readline().split()[1]
+        answering = set(worker.state_dir.glob("ipc-*.sock"))
         importer = subprocess.Popen([sys.executable, str(CLIENT), "ipc_import"],
                                     env={**env, "IPC_HANDLE": handle, "IPC_HOLD": "1"}, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -258,103 +260,71 @@ def test_with_isolate_memory_opened_from_a_process_that_has_exited_counts_until_
         while "holding" not in got and (line := importer.stdout.readline()):
             got.update([line.split(" ", 1)])
         assert got == {"open": "0\n", "sees_export": "True\n", "holding": "1\n"}
+        yield worker, exporter, importer, answering
+    finally:
+        for proc in (exporter, importer):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+        worker.stop()
+
+
+def _exporter_frees(exporter) -> None:
+    exporter.stdin.write("\n")
+    exporter.stdin.flush()
+    while (line := exporter.stdout.readline()) and not line.startswith("freed"):
+        pass
+    assert line == "freed 0\n"  # the exporter freed it and still runs
+
+
+def _exporter_sees(exporter) -> str:
+    """What the lease uses, in MiB, as the exporter (IPC_FREE, after its free) sees it."""
+    exporter.stdin.write("used\n")
+    exporter.stdin.flush()
+    return exporter.stdout.readline().split()[1]
+
+
+def test_with_isolate_memory_opened_from_a_process_that_has_exited_counts_until_it_is_closed(shim_dir):
+    """Natively memory a process opened by IPC handle stays allocated, and counted, after its exporter has
+    exited, until the opener closes it. Under GPUPOOL_ISOLATE the exporter's worker counted it and lets go
+    when its process ends; the opener's worker counts it from then on, and no longer once it is closed."""
+    with _holding_isolated(shim_dir) as (_, exporter, importer, _):
         exporter.communicate("\n", timeout=60)  # it frees nothing itself: its exit does
         assert exporter.returncode == 0
         out, _ = importer.communicate("\n", timeout=60)
         assert importer.returncode == 0, out
         assert parse(out)["used_mib_after_exporter_left"] == "3"  # the 3 MiB the opener still maps
         assert parse(out)["used_mib_after_close"] == "0"
-    finally:
-        for proc in (exporter, importer):
-            if proc is not None:
-                proc.kill()
-                proc.wait(10)
-        worker.stop()
 
 
 def test_with_isolate_memory_freed_by_its_exporter_counts_until_its_opener_closes_it(shim_dir):
     """Natively memory another process has open by IPC handle stays allocated, and counted, when its
     exporter frees it, until the opener closes it. Under GPUPOOL_ISOLATE the exporter's worker keeps
     counting it after the free, as long as the opener's worker holds it, and stops at the close."""
-    worker = start_worker("isolated-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
-                          executor="host")  # fmt: skip
-    env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", IPC_BYTES=str(3 * MiB))
-    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env={**env, "IPC_FREE": "1"},
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    importer = None
-    try:
-        handle = exporter.stdout.readline().split()[1]
-        importer = subprocess.Popen([sys.executable, str(CLIENT), "ipc_import"],
-                                    env={**env, "IPC_HANDLE": handle, "IPC_HOLD": "1"}, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
-        got = {}
-        while "holding" not in got and (line := importer.stdout.readline()):
-            got.update([line.split(" ", 1)])
-        assert got == {"open": "0\n", "sees_export": "True\n", "holding": "1\n"}
-        exporter.stdin.write("\n")
-        exporter.stdin.flush()
-        while (line := exporter.stdout.readline()) and not line.startswith("freed"):
-            pass
-        assert line == "freed 0\n"  # the exporter freed it and still runs
+    with _holding_isolated(shim_dir, IPC_FREE="1") as (_, exporter, importer, _):
+        _exporter_frees(exporter)
         out, _ = importer.communicate("\n", timeout=60)
         assert importer.returncode == 0, out
         assert parse(out)["used_mib_after_exporter_left"] == "3"  # freed, still open in the opener
         assert parse(out)["used_mib_after_close"] == "0"
-        exporter.stdin.write("used\n")
-        exporter.stdin.flush()
-        assert exporter.stdout.readline() == "used_mib 0\n"  # the exporter sees the same
+        assert _exporter_sees(exporter) == "0"  # the exporter sees the same
         exporter.communicate("\n", timeout=60)
         assert exporter.returncode == 0
-    finally:
-        for proc in (exporter, importer):
-            if proc is not None:
-                proc.kill()
-                proc.wait(10)
-        worker.stop()
 
 
 def test_with_isolate_memory_freed_by_its_exporter_stops_counting_when_its_openers_worker_dies(shim_dir):
     """An opener whose worker is killed while it holds memory its exporter has freed (the opener could not
     close it: its worker crashed) holds it no longer: the exporter's worker stops counting it once that
     worker has gone (natively the memory goes with the last process that held it)."""
-    worker = start_worker("isolated-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
-                          executor="host")  # fmt: skip
-    env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", IPC_BYTES=str(3 * MiB))
-    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env={**env, "IPC_FREE": "1"},
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    importer = None
-    try:
-        handle = exporter.stdout.readline().split()[1]
-        answering = set(worker.state_dir.glob("ipc-*.sock"))  # the exporter's worker
-        importer = subprocess.Popen([sys.executable, str(CLIENT), "ipc_import"],
-                                    env={**env, "IPC_HANDLE": handle, "IPC_HOLD": "1"}, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
-        while (line := importer.stdout.readline()) and not line.startswith("holding"):
-            pass
+    with _holding_isolated(shim_dir, IPC_FREE="1") as (worker, exporter, _, answering):
         (opener,) = set(worker.state_dir.glob("ipc-*.sock")) - answering
-        exporter.stdin.write("\n")
-        exporter.stdin.flush()
-        while (line := exporter.stdout.readline()) and not line.startswith("freed"):
-            pass
-
-        def used() -> str:
-            exporter.stdin.write("used\n")
-            exporter.stdin.flush()
-            return exporter.stdout.readline().split()[1]
-
-        assert used() == "3"  # freed by the exporter, open in the opener
+        _exporter_frees(exporter)
+        assert _exporter_sees(exporter) == "3"  # freed by the exporter, open in the opener
         os.kill(int(opener.name[len("ipc-") : -len(".sock")]), signal.SIGKILL)  # the opener's worker
         deadline = time.monotonic() + 20
-        while used() != "0":
-            assert time.monotonic() < deadline, "still counted after the opener died"
+        while _exporter_sees(exporter) != "0":
+            assert time.monotonic() < deadline, "still counted after the opener's worker died"
             time.sleep(0.2)
-        exporter.communicate("\n", timeout=60)
-    finally:
-        for proc in (exporter, importer):
-            if proc is not None:
-                proc.kill()
-                proc.wait(10)
-        worker.stop()
 
 
 def test_with_isolate_a_state_folder_too_deep_for_a_socket_leaves_the_processes_running(
