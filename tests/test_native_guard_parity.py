@@ -43,6 +43,7 @@ VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "graphexec": GRAPH_EXEC
 CHUNK = COUNT // 2  # a copy through the shared memory answered in pieces (gpShmDtoH's `chunk`): two
 # gpEventElapsedMany's pairs: one of the lease's events, one naming an event it never made
 EVENT_PAIRS = ((EVENT, EVENT), (FOREIGN, EVENT))
+NEW_EVENT_NAME = _wire.EVENT_NAME_TAG << 56 | 0x42  # a value the client may name a new event by
 
 
 def valid_args(call: Call) -> list[int]:
@@ -63,6 +64,8 @@ def valid_args(call: Call) -> list[int]:
         if p.name == "chunk"
         else len(EVENT_PAIRS)
         if call.name == "gpEventElapsedMany"
+        else NEW_EVENT_NAME
+        if call.name == "gpEventCreateNamed" and p.name == "name"
         else VALID.get(p.type, COUNT if i in lengths else 0)
         for i, p in enumerate(call.ins)
     ]
@@ -100,6 +103,8 @@ def cases() -> list[tuple[str, Call, list[int]]]:
                 broken[f"foreign {p.type}"] = FOREIGN
             if p.name == "chunk":
                 broken["no chunk"] = 0
+            if call.name == "gpEventCreateNamed" and p.name == "name":  # a value not the client's to choose
+                broken["not a name"] = FOREIGN
             if call.name == "gpEventElapsedMany":  # a count its pairs do not match, none, too many
                 broken.update(
                     {"count past its pairs": 3, "no pairs": 0, "too many pairs": _wire.MAX_EVENT_PAIRS + 1}
@@ -152,11 +157,11 @@ class NamedRecorder(Recorder):
 def lease_with_handles(
     moved: bool = False,
 ) -> tuple[LeaseState, Recorder, _native_dispatch.NativeLease, object]:
-    """The lease's tables, the recording executor, the native loop, and the executor the guard calls
-    (`moved`: the worker's translation of the client's values, after a move mapped to others)."""
+    """The lease's tables, the recording executor, the native loop, and the executor the guard calls: the
+    worker's translation of the client's values (`moved`: after a move mapped them to others)."""
     lease = LeaseState([1 << 30])
-    executor = NamedRecorder() if moved else Recorder()
-    guarded = Translated(executor, lease.holds) if moved else executor
+    executor = NamedRecorder()  # behind the worker's translation of handles, as in every worker
+    guarded = Translated(executor, lease.holds)
     native = _native_dispatch.for_worker(lease, guarded)
     lease.handles["stream"].update({STREAM, CAPTURING})
     lease.handles["event"].add(EVENT)

@@ -73,6 +73,10 @@ class Recorder:
         self.ran.append(("cuEventElapsedTime", start, end))
         return ELAPSED_MS
 
+    def cuEventCreate(self, flags) -> int:
+        self.ran.append(("cuEventCreate", flags))
+        return 0xE000 + len(self.ran)  # a handle of its own, the same on both paths
+
     # The client's page-locked memory shared with the worker (gpPinnedShare), as the host executor's.
     def shared_host_memory(self, size: int) -> SharedHostMemory:
         return SharedHostMemory(size)

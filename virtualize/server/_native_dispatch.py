@@ -318,7 +318,8 @@ class NativeLease:
                         self.lease.handles["event"].add(name)
                     else:
                         self.lease.handles["event"].discard(name)
-                        self.executor.event_destroyed_elsewhere(name)
+                        if self.current is not None:  # the executor's records (Translated)
+                            self.executor.event_destroyed_elsewhere(name)
 
     def range_added(self, base: int, size: int) -> None:
         self.lib.gpf_range_add(self.ptr, base, size)

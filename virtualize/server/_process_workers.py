@@ -203,6 +203,8 @@ class ProcessWorkers:
 
     def _event_handle(self, event: int) -> bytes:
         """The driver's IPC handle of this worker's event `event`."""
+        if self.worker.lease.native is not None:  # events the native loop destroyed are gone first
+            self.worker.lease.native.settle_events()
         if event not in self.worker.lease.handles["event"]:
             raise CudaError(INVALID_HANDLE, f"0x{event:x} is an event of no process of this worker")
         self._in_lease_context()

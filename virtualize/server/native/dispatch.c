@@ -1047,13 +1047,12 @@ static int event_create_named(struct session *s, const uint8_t *a, int *result) 
     return kept ? 0 : -1;
 }
 
-/* cuEventDestroy of a named event of the lease's (an interprocess or opened event is a driver handle,
- * with the guard's bookkeeping: Python's): destroyed, out of the lease's table, and noted for Python's
- * tables, or, made here and not yet taken by Python, its note dropped. -1 for the Python path. */
+/* cuEventDestroy of an event of the lease's, as the guard runs it: destroyed, out of the lease's table,
+ * and noted for Python's tables (its handles, and the executor's name map and records), or, made here
+ * and not yet taken by Python, its note dropped. -1 for the Python path. */
 static int event_destroy(struct session *s, const uint8_t *a, int *result) {
     struct lease *l = s->lease;
     uint64_t name = u64(a + GPF_AT_EVENT_DESTROY_event), none = 0;
-    if (!__atomic_load_n(&l->events_here, __ATOMIC_SEQ_CST) || name >> 56 != GPF_EVENT_NAME_TAG) return -1;
     pthread_mutex_lock(&l->lock);
     int known = table_has(&l->kinds[KIND_EVENT], name, NULL) && notes_room(l) == 0;
     uint64_t args[1] = {table_real(&l->kinds[KIND_EVENT], name)};
