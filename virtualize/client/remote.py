@@ -183,7 +183,10 @@ def fresh_shim(dest_dir: Path) -> Path:
     try:
         if not cc:
             raise ShimNotBuilt()
-        built = _built_from_sources(cc)
+        try:
+            built = _built_from_sources(cc)
+        except OSError:  # no cache to keep it in (a read-only home): compiled for this run alone
+            return compile_shim(dest_dir, compiler=cc)
         dest_dir.mkdir(parents=True, exist_ok=True)
         out = dest_dir / "libcuda.so.1"
         shutil.copyfile(built, out)
