@@ -481,13 +481,18 @@ EXPORT size_t gpf_events_take(struct lease *l, uint64_t *out, size_t cap) {
     return n;
 }
 
+/* Room for one more note, made before the call it is about (the call cannot be undone); under the lock. */
+static int notes_room(struct lease *l) {
+    if (l->n_notes < l->cap_notes) return 0;
+    size_t cap = l->cap_notes ? 2 * l->cap_notes : 64;
+    struct event_note *more = realloc(l->notes, cap * sizeof *more);
+    if (!more) return -1;
+    l->notes = more, l->cap_notes = cap;
+    return 0;
+}
+
 static int event_note(struct lease *l, struct event_note note) { /* under the lock */
-    if (l->n_notes == l->cap_notes) {
-        size_t cap = l->cap_notes ? 2 * l->cap_notes : 64;
-        struct event_note *more = realloc(l->notes, cap * sizeof *more);
-        if (!more) return -1;
-        l->notes = more, l->cap_notes = cap;
-    }
+    if (notes_room(l) < 0) return -1;
     l->notes[l->n_notes] = note;
     __atomic_store_n(&l->n_notes, l->n_notes + 1, __ATOMIC_SEQ_CST);
     return 0;
@@ -997,16 +1002,6 @@ static int other(struct session *s, int c, const uint8_t *a, int *result, uint64
 }
 
 enum { MAX_NOTES = 1 << 16 }; /* events made here that Python has not yet heard of, at most */
-
-/* Room for one more note, made before the call it is about (the call cannot be undone); under the lock. */
-static int notes_room(struct lease *l) {
-    if (l->n_notes < l->cap_notes) return 0;
-    size_t cap = l->cap_notes ? 2 * l->cap_notes : 64;
-    struct event_note *more = realloc(l->notes, cap * sizeof *more);
-    if (!more) return -1;
-    l->notes = more, l->cap_notes = cap;
-    return 0;
-}
 
 /* gpEventCreateNamed, as the guard's _event_create_named and the executor's event_named run it: an event
  * made in the connection's context, called by the client's name from now on, in the lease's table at
