@@ -20,6 +20,11 @@ remote as % of native:
   - graph replays: a captured graph of 20 tiny kernels, cuGraphLaunch 500 times, one sync (issue 31)
   - event-heavy loop, as triton.testing.do_bench times a kernel: per iteration cuEventRecord, a tiny
     kernel, cuEventRecord; then cuEventSynchronize and cuEventElapsedTime of each pair (issue 31)
+  - an eager framework's loop (CuPy, PyTorch without graphs): per step ~15 µs of the host's own work
+    (Python deciding what to launch), then a launch, a memset and an event record; every 50 steps a
+    small copy back to pageable memory (`.item()`): µs a step, and the median µs the launch call
+    itself takes. The calls that need no answer are where a remote client pays per call what a
+    native one does not (issue 25's CuPy suites, issue 31)
 
 Targets (issue 6): compute-bound >= 95 % of native, round trip <= 40 µs, >= 50 k launches/s,
 copies >= 2 GB/s. `--executor host` measures the protocol and the worker alone on a machine with no
@@ -78,7 +83,7 @@ SIZES = [s for s in SIZES if s <= int(os.environ.get("GPUPOOL_BENCH_MAX_COPY", 1
 SIZES = [s for s in SIZES if s >= int(os.environ.get("GPUPOOL_BENCH_MIN_COPY", 0))] or SIZES[-1:]
 # What the child measures, in this order (--patterns picks some: e.g. to profile one of them alone).
 PATTERNS = ("round_trip", "launches", "copies", "dtoh_async", "htod_async", "compute", "launch_bound",
-            "graph", "events")  # fmt: skip
+            "graph", "events", "eager")  # fmt: skip
 COPY_PATTERNS = ("round_trip", "launches", "copies", "dtoh_async", "htod_async")  # --copies-only
 
 
@@ -140,6 +145,8 @@ def child() -> None:
         out["graph_replays_per_s"] = graph_replays(cu, ok, saxpy, sargs, stream)
     if want("events"):
         out["event_loop_us"] = event_loop(cu, ok, saxpy, sargs, stream)
+    if want("eager"):
+        out["eager_step_us"], out["eager_launch_call_us"] = eager_loop(cu, ok, saxpy, sargs, stream, x)
     print(json.dumps(out))
 
 
@@ -347,6 +354,33 @@ def event_loop(cu, ok, kernel, args, stream) -> float:
     for e in starts + ends:
         ok(cu.cuEventDestroy(e))
     return statistics.median(times) * 1e6
+
+
+def eager_loop(cu, ok, kernel, args, stream, buf) -> tuple[float, float]:
+    """An eager framework's steps: host work (~15 µs, spun), a launch, a memset, an event record; every
+    50th step an 8-byte copy to pageable memory that waits for the stream. µs a step (median of 5 runs of
+    500 steps) and µs the launch call takes (median)."""
+    event = ok(cu.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING, as a framework's own
+    out = ctypes.c_uint64()
+    steps, calls = [], []
+    for _ in range(6):  # the first run warms up, not counted
+        t = time.perf_counter()
+        for i in range(500):
+            until = time.perf_counter() + 15e-6
+            while time.perf_counter() < until:
+                pass
+            c = time.perf_counter()
+            cu.cuLaunchKernel(kernel, 4, 1, 1, 256, 1, 1, 0, stream, args, 0)
+            calls.append(time.perf_counter() - c)
+            cu.cuMemsetD8Async(buf, 0, 256, stream)
+            cu.cuEventRecord(event, stream)
+            if i % 50 == 49:
+                ok(cu.cuMemcpyDtoHAsync(ctypes.addressof(out), buf, 8, stream))
+                ok(cu.cuStreamSynchronize(stream))
+        steps.append((time.perf_counter() - t) / 500)
+    ok(cu.cuStreamSynchronize(stream))
+    ok(cu.cuEventDestroy(event))
+    return statistics.median(steps[1:]) * 1e6, statistics.median(calls[500:]) * 1e6
 
 
 def usage(pid: str) -> tuple[float, float, int]:
@@ -759,6 +793,9 @@ def report(results: dict) -> None:
     row("launch-bound: 5 000 tiny kernels", "launch_bound_s", "s", False, "{:.3f}")
     row("graph replays (20 tiny kernels each), pipelined", "graph_replays_per_s", "/s", True, "{:,.0f}")
     row("event loop as do_bench: record, kernel, record; sync, elapsed", "event_loop_us", "µs", False)
+    row("eager loop: ~15 µs host work, launch, memset, record; a copy back every 50 (a step)", "eager_step_us",
+        "µs", False)  # fmt: skip
+    row("eager loop: the launch call (median)", "eager_launch_call_us", "µs", False, "{:.2f}")
     for size in (s for s in SIZES if str(s) in remote.get("bandwidth_gb_s", {})):
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
         for direction in ("htod", "dtoh"):

@@ -248,9 +248,18 @@ def _exit_text(code: int) -> str:
     return f"exit status {code}"
 
 
+def env_setting(text: str) -> tuple[str, str]:
+    """--remote-env's NAME=VALUE."""
+    name, eq, value = text.partition("=")
+    if not eq or not name or not name.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeout: float, per_test: int,
              only: list[str] | None = None, trace: bool = False, executor: str = "cuda", gpu: int = 0,
-             partition_mib: int = 0, isolate: bool = False, profile: bool = False) -> Counts:  # fmt: skip
+             partition_mib: int = 0, isolate: bool = False, profile: bool = False,
+             remote_env: dict[str, str] | None = None) -> Counts:  # fmt: skip
     """Run one part (natively or remotely) to its end or its time limit, resuming after each crash.
 
     `only`: run just these test ids (the ones the native run got through)."""
@@ -277,6 +286,7 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
             env["GPUPOOL_SHIM_PROFILE"] = env["GPUPOOL_WORKER_NATIVE_STATS"] = "1"
         if isolate:
             env["GPUPOOL_ISOLATE"] = "1"  # as gpuattach run --isolate: a worker process per test process
+        env.update(remote_env or {})  # --remote-env: a setting of the shim's or the worker's, to compare
     counts, pending = Counts(), only
     started = time.monotonic()
     for attempt in range(1, 1000):
@@ -407,6 +417,9 @@ def main() -> int:
     parser.add_argument("--isolate", action="store_true",
                         help="remote runs as under `gpuattach run --isolate`: each process of a part gets a "
                         "worker process of its own (a subprocess's device-side assert ends its context only)")  # fmt: skip
+    parser.add_argument("--remote-env", action="append", default=[], type=env_setting, metavar="NAME=VALUE",
+                        help="set this in the remote runs' environment (the program's and its worker's; "
+                        "repeatable), e.g. GPUPOOL_SHIM_RING=1 to compare a setting on the same tests")  # fmt: skip
     args = parser.parse_args()
     if not args.suites.is_dir():
         parser.error(f"no suites at {args.suites}: run bash bench/fetch_suites.sh {args.suites} first")
@@ -447,7 +460,8 @@ def main() -> int:
             only = native.ran if native.exit == 124 else None
             remote = run_part(name, part, suites, args.out, True, args.remote_timeout or 2 * args.timeout,
                               args.per_test, only, name in traced, args.executor, args.gpu,
-                              args.partition_mib, args.isolate, name in profiled)  # fmt: skip
+                              args.partition_mib, args.isolate, name in profiled,
+                              dict(args.remote_env))  # fmt: skip
             print(_summary(name, "remote", remote), flush=True)
             lost = differences(native, remote)
         for line in lost:

@@ -1313,6 +1313,18 @@ def scenario_held_frames():
     say("memset", dtoh(dev, 4)[1].hex())
 
 
+def scenario_held_sends():
+    """1000 memsets that want no answer, then a synchronise, and what the last memset wrote (the shim's
+    profile, at exit, says in how many sends the connection's frames went)."""
+    setup()
+    rc, dev = alloc(64)
+    check(rc, "alloc")
+    for i in range(1000):
+        check(cu.cuMemsetD8Async(c_u64(dev), i % 256, c_u64(64), None), "memset")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("memset", dtoh(dev, 4)[1].hex())
+
+
 def scenario_ipc_event_producer():
     """Memory and an interprocess event shared with another process of the lease: a memset on a stream, then
     the event recorded behind it. Once the record call returns, the other process that waits on the event

@@ -116,6 +116,8 @@ static int profile_lanes;
  * this process spent copying bytes into or out of it and waiting for the worker's answers */
 static uint64_t profile_shm_copies, profile_shm_bytes, profile_shm_copy_ns, profile_shm_wait_ns;
 static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
+/* the process connection's frames, and the sends (system calls, TLS writes) that took them to the worker */
+static uint64_t profile_frames, profile_sends;
 /* `slow`, `slow_ns`: the calls that took 1 ms or more, apart, so that a few long waits (a first
  * compilation, a synchronise) are told from a call that is slow each time */
 enum { PROFILE_SLOW_NS = 1000000 };
@@ -141,6 +143,8 @@ static void profile_note(uint32_t call, uint32_t flags, uint64_t ns, uint64_t ou
         __atomic_fetch_add(&profile[call].slow_ns, ns, __ATOMIC_RELAXED);
     }
 }
+
+static long coalesce_ns(void);
 
 static void profile_print(void) {
     /* Sorted by time spent, the calls that cost this process the most first. */
@@ -189,9 +193,15 @@ static void profile_print(void) {
     if (conn_ring)
         fprintf(stderr, "gpupool: the connection's frames and answers went through the command ring (memory "
                         "shared with the worker)\n");
+    else if (profile_frames)
+        fprintf(stderr, "gpupool: the connection's %llu frames went to the worker in %llu sends (those that want no "
+                "answer held up to %ld us to go together: GPUPOOL_SHIM_COALESCE_US)\n",
+                (unsigned long long)profile_frames, (unsigned long long)profile_sends, coalesce_ns() / 1000);
     gp_memo_print_outcomes();
     fflush(stderr);
 }
+
+static void held_flush_at_exit(void);
 
 __attribute__((constructor)) static void shim_init(void) {
     const char *trace = getenv(GP_ENV_TRACE);
@@ -199,6 +209,7 @@ __attribute__((constructor)) static void shim_init(void) {
     const char *prof = getenv(GP_ENV_PROFILE);
     profile_enabled = prof && *prof && strcmp(prof, "0") != 0;
     if (profile_enabled) atexit(profile_print);
+    atexit(held_flush_at_exit);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
@@ -231,14 +242,38 @@ static CUresult lost(const char *what) {
                 conn_where, what);
 }
 
-/* ---- unanswered frames over TLS, held a moment and sent together -----------------------------------
- * Over an encrypted connection each frame was one TLS record and one send(): 7.6 µs a launch in the shim
- * where the driver's own launch costs ~3 (a ResNet-50 step's 825 launches on an H200, bench/RESULTS.md).
- * Frames that want no answer (launches, copies to the device, memsets, records) now wait in `held` for
- * at most GPUPOOL_SHIM_COALESCE_US (default 30; 0: never) and go as one record with the frames after them:
- * at once with the next frame that wants an answer (a synchronise, a query), when 16 KiB are held, or when
- * the time is up (the flusher thread) — so a program that launches and then only waits on the host, or on
- * another process, has its work at the worker within that time. Under conn_lock; the main connection only. */
+/* ---- unanswered frames, held a moment and sent together ---------------------------------------------
+ * Each frame was one send(): over TLS also one record, 7.6 µs a launch in the shim where the driver's own
+ * launch costs ~3 (a ResNet-50 step's 825 launches on an H200, bench/RESULTS.md); on a plain socket 8-10 µs
+ * a launch where the worker sleeps between a framework's calls (each send wakes it: CuPy's own suites,
+ * bench_remote's eager loop). Frames that want no answer (launches, copies to the device, memsets, records)
+ * now wait in `held` for at most GPUPOOL_SHIM_COALESCE_US (default 30; 0: never) and go in one send (one
+ * record) with the frames after them: at once with the next frame that wants an answer (a synchronise, a
+ * query), when 16 KiB are held, or when the time is up (the flusher thread) — so a program that launches and
+ * then only waits on the host, or on another process, has its work at the worker within that time. Under
+ * conn_lock; the main connection only, and not its command ring (a write there wakes nobody that spins). */
+/* Every byte of the pieces on a plain socket: 0, or -1 (errno) when the connection is broken. */
+static int send_plain(int fd, struct iovec *iov, int n) {
+    while (n > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        while (n > 0 && (size_t)sent >= iov->iov_len) {
+            sent -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + sent;
+            iov->iov_len -= (size_t)sent;
+        }
+    }
+    return 0;
+}
+
 enum { HOLD_MAX = 16 << 10 };
 static unsigned char *held;
 static uint64_t held_since; /* when the first frame held now was */
@@ -259,7 +294,10 @@ static int held_flush_locked(void) {
     if (!n_held) return 0;
     size_t n = n_held;
     n_held = 0;
-    return main_conn.ssl ? gp_tls_write(main_conn.ssl, held, n) : -1;
+    profile_sends++;
+    if (main_conn.ssl) return gp_tls_write(main_conn.ssl, held, n);
+    struct iovec all = {held, n};
+    return send_plain(main_conn.fd, &all, 1);
 }
 
 static CUresult lost(const char *what);
@@ -293,7 +331,8 @@ static int held_append_locked(struct iovec *iov, int n, size_t total, int hold) 
     if (conn() != &main_conn || !coalesce_ns() || (!hold && !n_held)) return 0;
     if (n_held + total > HOLD_MAX && held_flush_locked() < 0) return -1;
     if (total > HOLD_MAX || (!held && !(held = malloc(HOLD_MAX)))) return held_flush_locked() < 0 ? -1 : 0;
-    if (!n_held) held_since = now_ns();
+    int first = !n_held;
+    if (first) held_since = now_ns();
     for (int i = 0; i < n; i++) {
         memcpy(held + n_held, iov[i].iov_base, iov[i].iov_len);
         n_held += iov[i].iov_len;
@@ -308,18 +347,22 @@ static int held_append_locked(struct iovec *iov, int n, size_t total, int hold) 
         pthread_attr_destroy(&attr);
         if (!flusher_running) return held_flush_locked() < 0 ? -1 : 1; /* no thread: nothing is held */
     }
-    pthread_cond_signal(&held_cond);
+    if (first) pthread_cond_signal(&held_cond); /* the flusher waits for a first frame, then for its time */
     return 1;
 }
 
-static int send_tls(struct iovec *iov, int n, int hold) {
+/* At the program's exit: what is held still goes (work whose effects the program never waited for, as the
+ * driver would still run it), unless another thread is in a call (then nothing can be said of its frames). */
+static void held_flush_at_exit(void) {
+    if (pthread_mutex_trylock(&conn_lock) != 0) return;
+    held_flush_locked();
+    pthread_mutex_unlock(&conn_lock);
+}
+
+static int send_tls(struct iovec *iov, int n, size_t total) {
     /* A frame's small pieces go as one TLS record; large bulk goes as it is. Each connection has its
      * own buffer for joining: the copy lanes send on theirs at the same time. */
     enum { JOINED = 64 << 10 };
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += iov[i].iov_len;
-    int kept = held_append_locked(iov, n, total, hold);
-    if (kept) return kept < 0 ? -1 : 0;
     struct gp_conn *c = conn();
     if (total <= JOINED && (c->joined || (c->joined = malloc(JOINED)))) {
         size_t at = 0;
@@ -334,25 +377,12 @@ static int send_tls(struct iovec *iov, int n, int hold) {
 
 static int send_iov(struct iovec *iov, int n, int hold) {
     if (ring_of()) return gp_ring_sendv(ring_of(), iov, n);
-    if (conn_ssl) return send_tls(iov, n, hold);
-    while (n > 0) {
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t sent = sendmsg(conn_fd, &msg, MSG_NOSIGNAL);
-        if (sent < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        while (n > 0 && (size_t)sent >= iov->iov_len) {
-            sent -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + sent;
-            iov->iov_len -= (size_t)sent;
-        }
-    }
-    return 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += iov[i].iov_len;
+    int kept = held_append_locked(iov, n, total, hold);
+    if (kept) return kept < 0 ? -1 : 0;
+    if (conn() == &main_conn) profile_sends++;
+    return conn_ssl ? send_tls(iov, n, total) : send_plain(conn_fd, iov, n);
 }
 
 /* A file descriptor the worker sent with a reply (gpShmAttach's), taken by whoever asked for it. */
@@ -476,6 +506,7 @@ static struct {
 static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
                       uint64_t b1_len, const void *b2, uint64_t b2_len) {
     if (conn() == &main_conn) {
+        profile_frames++;
         last_frame.call = call, last_frame.flags = flags, last_frame.args = args, last_frame.args_len = args_len;
         last_frame.b1 = b1, last_frame.b1_len = b1_len, last_frame.b2 = b2, last_frame.b2_len = b2_len;
     }
