@@ -1325,6 +1325,42 @@ def scenario_held_sends():
     say("memset", dtoh(dev, 4)[1].hex())
 
 
+def scenario_held_threads():
+    """Four threads, each 2000 memsets of its own memory that want no answer, a copy back every 50th call (sent
+    at once, with what is held), short pauses between (so the shim's flusher sends some of the held frames
+    while the threads go on): how many calls failed or copied back other bytes than the memset just before
+    them wrote, and each thread's last bytes after a synchronise."""
+    ctx = setup()
+    buffers = []
+    for _ in range(4):
+        rc, dev = alloc(64)
+        check(rc, "alloc")
+        buffers.append(dev)
+    results = {}
+
+    def run(k: int) -> None:
+        check(cu.cuCtxSetCurrent(ctx), "current")
+        bad = 0
+        for i in range(2000):
+            bad += cu.cuMemsetD8Async(c_u64(buffers[k]), i % 256, c_u64(64), None) != 0
+            if i % 50 == 49:  # a copy back, sent at once: it must find the memset held just before it done
+                rc, data = dtoh(buffers[k], 4)
+                bad += rc != 0 or data != bytes([i % 256]) * 4
+            until = time.perf_counter() + (i % 7) * 5e-6
+            while time.perf_counter() < until:
+                pass
+        results[k] = bad
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(cu.cuCtxSynchronize(), "sync")
+    say("failed_calls", sum(results.values()))
+    say("last", " ".join(dtoh(dev, 4)[1].hex() for dev in buffers))
+
+
 def scenario_ipc_event_producer():
     """Memory and an interprocess event shared with another process of the lease: a memset on a stream, then
     the event recorded behind it. Once the record call returns, the other process that waits on the event

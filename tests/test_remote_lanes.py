@@ -114,6 +114,22 @@ def test_calls_that_want_no_answer_go_many_to_a_send_on_the_local_socket(shim_di
     assert sends["30"] < 300
 
 
+@needs_cc
+@pytest.mark.parametrize("encryption", ["always", "never"])
+def test_frames_held_by_many_threads_reach_the_worker_whole_and_in_order(shim_dir, worker, encryption):
+    """The shim's flusher sends held frames while the program's threads go on holding more and sending
+    copies back at once: four threads' 8000 memsets and 160 copies all succeed (a frame cut into by another
+    send would break the connection), each copy back finds the bytes of the memset its thread held just
+    before it (sent after it, never ahead), and each thread's memory has its own last memset's bytes."""
+    for coalesce in ("1", "30"):  # 1 µs: the flusher sends nearly each frame as the threads go on
+        env = client_env(
+            shim_dir, worker, GPUPOOL_DATA_ENCRYPTION=encryption, GPUPOOL_SHIM_COALESCE_US=coalesce
+        )
+        out, _ = run_client("held_threads", env)
+        assert out["failed_calls"] == "0", coalesce
+        assert out["last"] == " ".join(["cfcfcfcf"] * 4), coalesce
+
+
 @pytest.mark.parametrize("isolate", ["0", "1"])
 def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_returns(
     shim_dir, worker, isolate

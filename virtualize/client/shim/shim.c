@@ -53,6 +53,9 @@ void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
 /* ---- the connection ---------------------------------------------------------------------------- */
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The process connection's socket has one writer at a time: a thread sending there holds this (taken under
+ * conn_lock, so what is sent keeps the calls' order), and the flusher sends held frames holding only this. */
+static pthread_mutex_t wire_lock = PTHREAD_MUTEX_INITIALIZER;
 /* A connection to the worker: the process's own (every call), or the callback thread's (host functions
  * the worker calls back, shim_streams.c). The I/O below works on the calling thread's connection. */
 struct gp_conn {
@@ -100,6 +103,7 @@ static void after_fork_in_child(void) {
     held_after_fork_in_child();
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
+    pthread_mutex_init(&wire_lock, NULL);
     gp_memo_after_fork_in_child();
     gp_events_after_fork_in_child();
     window_state = 0; /* the child's connection is a new client process to the worker: its own window */
@@ -216,6 +220,15 @@ __attribute__((constructor)) static void shim_init(void) {
 
 static size_t n_held; /* bytes of unanswered frames not sent yet (held_append_locked, below) */
 static CUresult fail(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The connection's socket closed; the process connection's not while the flusher is sending on it. */
+static void conn_close_fd(void) {
+    int main = conn() == &main_conn;
+    if (main) pthread_mutex_lock(&wire_lock);
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    if (main) pthread_mutex_unlock(&wire_lock);
+}
+
 static CUresult fail(CUresult code, const char *fmt, ...) {
     char line[768];
     va_list ap;
@@ -230,8 +243,7 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
     }
     gp_tls_free(conn_ssl);
     conn_ssl = NULL;
-    if (conn_fd >= 0) close(conn_fd);
-    conn_fd = -1;
+    conn_close_fd();
     return code;
 }
 
@@ -298,7 +310,33 @@ static int held_flush_locked(void) {
     profile_sends++;
     if (main_conn.ssl) return gp_tls_write(main_conn.ssl, held, n);
     struct iovec all = {held, n};
-    return send_plain(main_conn.fd, &all, 1);
+    pthread_mutex_lock(&wire_lock);
+    int r = send_plain(main_conn.fd, &all, 1);
+    pthread_mutex_unlock(&wire_lock);
+    return r;
+}
+
+/* The flusher's send of what is held, on a plain socket: the buffer handed over and sent holding wire_lock
+ * alone, so that the program's calls go on holding frames (into the other buffer) meanwhile instead of
+ * waiting for the send — which wakes the worker, several µs (CuPy's launches on an H200). Over TLS the
+ * session is not for two threads at once: sent under conn_lock, as the program's own sends. */
+static unsigned char *spare;
+static int held_flush_aside_locked(void) {
+    if (main_conn.ssl || (!spare && !(spare = malloc(HOLD_MAX)))) return held_flush_locked();
+    unsigned char *sending = held;
+    struct iovec all = {sending, n_held};
+    held = spare, spare = NULL;
+    n_held = 0;
+    profile_sends++;
+    int fd = main_conn.fd;
+    pthread_mutex_lock(&wire_lock); /* taken before conn_lock is let go: nothing sent later goes first */
+    pthread_mutex_unlock(&conn_lock);
+    int r = send_plain(fd, &all, 1), saved = errno;
+    pthread_mutex_unlock(&wire_lock);
+    pthread_mutex_lock(&conn_lock);
+    spare = sending;
+    errno = saved;
+    return r;
 }
 
 static CUresult lost(const char *what);
@@ -336,7 +374,7 @@ static void *flusher(void *arg) {
             sleep_unlocked(due - now);
             continue;
         }
-        if (held_flush_locked() < 0) lost(strerror(errno));
+        if (held_flush_aside_locked() < 0) lost(strerror(errno));
         last_sent = now_ns();
     }
     return NULL;
@@ -403,8 +441,13 @@ static int send_iov(struct iovec *iov, int n, int hold) {
     for (int i = 0; i < n; i++) total += iov[i].iov_len;
     int kept = held_append_locked(iov, n, total, hold);
     if (kept) return kept < 0 ? -1 : 0;
-    if (conn() == &main_conn) profile_sends++;
-    return conn_ssl ? send_tls(iov, n, total) : send_plain(conn_fd, iov, n);
+    if (conn() != &main_conn) return conn_ssl ? send_tls(iov, n, total) : send_plain(conn_fd, iov, n);
+    profile_sends++;
+    if (conn_ssl) return send_tls(iov, n, total);
+    pthread_mutex_lock(&wire_lock);
+    int r = send_plain(conn_fd, iov, n);
+    pthread_mutex_unlock(&wire_lock);
+    return r;
 }
 
 /* A file descriptor the worker sent with a reply (gpShmAttach's), taken by whoever asked for it. */
@@ -984,8 +1027,7 @@ static int moved_to(const struct gp_moved_to *to) {
     if (!thread_conn) ring_drop(); /* the old worker's ring: the connection goes on over the new socket */
     gp_tls_free(conn_ssl);
     conn_ssl = NULL;
-    close(conn_fd);
-    conn_fd = -1;
+    conn_close_fd();
     if (own) {
         snprintf(own_where, sizeof own_where, "%s", where);
         snprintf(own_local, sizeof own_local, "%s", local);
