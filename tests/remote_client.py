@@ -4051,6 +4051,10 @@ def scenario_vmm_share_export():
     check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
     say("release", cu.cuMemRelease(handle))
     check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+    if "VMM_STAY" in os.environ:  # released here, held by the importer: what the lease uses, then after it
+        say("used_mib_after_release", _used_mib())
+        sys.stdin.readline()  # the importer has released it too
+        say("used_mib_after_importer_released", _used_mib())
 
 
 def scenario_vmm_share_import():

@@ -1983,6 +1983,43 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
                 proc.wait(10)
 
 
+def test_with_isolate_virtual_memory_its_exporter_released_counts_until_its_importer_releases_it(
+    shim_dir, worker
+):
+    """Natively memory of the virtual memory API stays allocated, and counted, while any process holds a
+    reference: the exporter's release leaves it to the importer's. Under GPUPOOL_ISOLATE the exporter's
+    worker keeps counting it after its process released it, while the exporting process still runs, until
+    the importer's worker has released it too (before, it counted nowhere between the two)."""
+    socket_name = f"gpupool-test-vmm-stay-{os.getpid()}"
+    env = client_env(shim_dir, worker, VMM_SOCKET=socket_name, GPUPOOL_ISOLATE="1", VMM_STAY="1")
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    importer = None
+    try:
+        assert [exporter.stdout.readline().split()[0] for _ in range(4)][-1] == "ready"
+        importer = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_import"], env={**env, "VMM_WAIT": "1"},
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        while (line := importer.stdout.readline()) and not line.startswith("waiting"):
+            pass
+        exporter.stdin.write("\n")  # the exporter unmaps and releases its reference, and stays
+        exporter.stdin.flush()
+        rest = dict(exporter.stdout.readline().split() for _ in range(4))
+        assert rest["release"] == "0"
+        assert rest["used_mib_after_release"] == "4"  # the importer holds it: still the lease's
+        out, _ = importer.communicate("\n", timeout=60)
+        assert importer.returncode == 0, out
+        assert parse(out)["used_mib_after_exporter_left"] == "4"
+        assert parse(out)["used_mib_at_end"] == "0"  # released by its last holder
+        out, _ = exporter.communicate("\n", timeout=60)
+        assert parse(out)["used_mib_after_importer_released"] == "0"
+        assert exporter.returncode == 0
+    finally:
+        for proc in (exporter, importer):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+
+
 def _green(shim_dir, handle):
     out, _ = run_client("green", client_env(shim_dir, handle))
     assert out["finished"] == "1"

@@ -174,8 +174,11 @@ class LeaseState:
     # This worker's allocations other workers of the lease opened (by IPC handle): base -> the opening
     # workers' pids, one per open. One freed while still open elsewhere stays counted here, as natively the
     # memory stays allocated until its last opener closes it: base -> [size, device, the openers' pids].
-    opened_elsewhere: dict[int, list[int]] = field(default_factory=dict)
-    held_for_others: dict[int, list] = field(default_factory=dict)
+    # Memory of the virtual memory API that other workers imported counts the same way, keyed ("vm", its
+    # memory's key), the handle it was exported under mapped to that key (vm_opened_key) for their closes.
+    opened_elsewhere: dict[int | tuple[str, int], list[int]] = field(default_factory=dict)
+    held_for_others: dict[int | tuple[str, int], list] = field(default_factory=dict)
+    vm_opened_key: dict[int, int] = field(default_factory=dict)
     # NCCL communicators made by the lease's processes: the id the client holds -> the server's
     # (virtualize.server._guard_nccl.Communicator)
     nccl_comms: dict[int, Any] = field(default_factory=dict)
@@ -267,6 +270,24 @@ class LeaseState:
         elif not openers:
             self.opened_elsewhere.pop(base, None)
 
+    def vm_opened_by(self, handle: int, worker: int) -> None:
+        """Another worker of the lease (pid `worker`) imported the memory exported here under `handle`."""
+        with self.lock:
+            key = self.vm_memory_of.get(handle)
+            if key is not None and key in self.vm_charged:
+                self.vm_opened_key[handle] = key
+                self.opened_elsewhere.setdefault(("vm", key), []).append(worker)
+
+    def vm_closed_by(self, handle: int, worker: int) -> None:
+        """That worker's processes released it again; released here too, it stops counting with its last."""
+        with self.lock:
+            key = self.vm_opened_key.get(handle)
+            if key is None:
+                return
+            self._closed_by(("vm", key), worker)
+            if ("vm", key) not in self.opened_elsewhere and ("vm", key) not in self.held_for_others:
+                del self.vm_opened_key[handle]
+
     def stop_holding_for_others(self) -> None:
         """The process whose allocations these were has ended: the workers that still have them open count
         them from now on (their Imports.count_departed), so this one no longer does."""
@@ -275,6 +296,7 @@ class LeaseState:
                 self.used[device] -= size
             self.held_for_others.clear()
             self.opened_elsewhere.clear()
+            self.vm_opened_key.clear()
 
     def count_openers_gone(self, running: Callable[[int], bool]) -> None:
         """Openers whose worker has ended (`running`: whether a pid runs; a process that crashed holding the
@@ -283,6 +305,9 @@ class LeaseState:
             for worker in [w for w in set(openers) if not running(w)]:
                 while worker in openers:
                     self._closed_by(base, worker)
+        for handle, key in list(self.vm_opened_key.items()):
+            if ("vm", key) not in self.opened_elsewhere and ("vm", key) not in self.held_for_others:
+                del self.vm_opened_key[handle]
 
     def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False, memory: int = 0) -> None:
         """A process of the lease holds `handle` now (created, retained or imported; `memory`: the handle
@@ -314,7 +339,11 @@ class LeaseState:
             if self.vm_memory_holders[key] <= 0:
                 del self.vm_memory_holders[key]
                 size, device = self.vm_charged.pop(key)
-                self.used[device] -= size
+                openers = self.opened_elsewhere.pop(("vm", key), None)
+                if openers:  # imported by other workers' processes: counted here until their last release
+                    self.held_for_others[("vm", key)] = [size, device, openers]
+                else:
+                    self.used[device] -= size
 
     def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
         with self.lock:
@@ -704,9 +733,9 @@ class Session:
                     "could not free 0x%x after the client left: %s", a.base, exc
                 )
             self.lease.remove(a.base)
+        self._vm_close()
         if self.ipc_imports is not None:  # its process has ended: other workers' openers count what they hold
             self.lease.stop_holding_for_others()
-        self._vm_close()
         self.array_calls.close()
         for base in list(self.pinned):
             CopyCalls.pinned_release(self, base)
@@ -1134,6 +1163,8 @@ class Session:
         self.vm_handles.pop(handle)
         self.vm_props.pop(handle, None)
         self.lease.vm_drop(handle)
+        if self.ipc_imports is not None:  # memory imported from another worker's process, now let go of
+            self.ipc_imports.vm_released()
         for exported in [e for e, h in self.vm_across.items() if h == handle]:
             del self.vm_across[exported]  # a later import of that descriptor asks its exporter again
 
@@ -1274,9 +1305,13 @@ class Session:
             found = _ipc_workers.fetch_vm(self.ipc_imports.state_dir, exported)
             if found is None:
                 raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
-            fd, size, device, prop, exporter = found
+            fd, size, device, prop, exporter, exporter_worker = found
             try:
                 handle = self.executor.import_vm(fd, device)
+            except CudaError:
+                _ipc_workers.tell_closed(self.ipc_imports.state_dir, exporter_worker, exported,
+                                         _ipc_workers.VM_CLOSED)  # not imported after all  # fmt: skip
+                raise
             finally:
                 os.close(fd)
             self.vm_across[exported] = handle
@@ -1285,7 +1320,7 @@ class Session:
         self.vm_props[handle] = prop
         self.lease.vm_hold(handle, 0, device, memory=memory)  # counted elsewhere, or with `held`
         if not memory:
-            self.ipc_imports.note_vm(handle, exporter, size, device)
+            self.ipc_imports.note_vm(handle, exporter, size, device, exporter_worker, exported)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):

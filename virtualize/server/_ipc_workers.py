@@ -41,8 +41,10 @@ log = logging.getLogger("gpupool.worker")
 SOCKET_PREFIX = "ipc-"
 WINDOWS_PREFIX = "windows-"
 REQUEST = struct.Struct("<IQQ")  # MEMORY: the allocation's address and size; EVENT, VMEM: the handle, 0
-MEMORY, EVENT, VMEM, CLOSED = 0, 1, 2, 3  # CLOSED: an allocation opened with MEMORY closed again (base, 0)
-CLOSED_ANSWER = struct.Struct("<i")  # CLOSED's: 0 once the exporter has counted the close
+# CLOSED: an allocation opened with MEMORY closed again (base, 0); VM_CLOSED: memory imported with VMEM
+# released again by every process of the importing worker (the exported handle, 0)
+MEMORY, EVENT, VMEM, CLOSED, VM_CLOSED = 0, 1, 2, 3, 4
+CLOSED_ANSWER = struct.Struct("<i")  # CLOSED's and VM_CLOSED's: 0 once the exporter has counted the close
 # MEMORY's answer: 0 or a CUresult; the pages' base and size; their device; the pid of the process the
 # exporting worker serves (0: not on this host) (and a descriptor with 0)
 ANSWER = struct.Struct("<iQQii")
@@ -104,7 +106,9 @@ class Exporter:
     device, CUmemAllocationProp bytes, a descriptor closed here once sent), or a CudaError; `serving` () ->
     the pid of the process this worker serves, where it is on this host (else 0); `opened`, `closed` (base,
     the asking worker's pid): another worker opened this worker's allocation at `base`, or closed it again
-    (LeaseState.opened_by, closed_by: one freed meanwhile stays counted here until its last opener closes it)."""
+    (LeaseState.opened_by, closed_by: one freed meanwhile stays counted here until its last opener closes it);
+    `vm_opened`, `vm_closed` (exported handle, the asking worker's pid): the same for memory of the virtual
+    memory API (LeaseState.vm_opened_by, vm_closed_by)."""
 
     def __init__(
         self,
@@ -116,11 +120,14 @@ class Exporter:
         serving: Callable[[], int],
         opened: Callable[[int, int], None] = lambda base, worker: None,
         closed: Callable[[int, int], None] = lambda base, worker: None,
+        vm_opened: Callable[[int, int], None] = lambda handle, worker: None,
+        vm_closed: Callable[[int, int], None] = lambda handle, worker: None,
     ) -> None:
         self.path = socket_path(state_dir, os.getpid())
         self.pages_of, self.export, self.event_handle = pages_of, export, event_handle
         self.vm_export, self.serving = vm_export, serving
         self.opened, self.closed = opened, closed
+        self.vm_opened, self.vm_closed = vm_opened, vm_closed
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -150,8 +157,8 @@ class Exporter:
             return
         kind, base, size = REQUEST.unpack(request)
         asker = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        if kind == CLOSED:
-            self.closed(base, asker)
+        if kind in (CLOSED, VM_CLOSED):
+            (self.closed if kind == CLOSED else self.vm_closed)(base, asker)
             conn.sendall(CLOSED_ANSWER.pack(0))
             return
         if kind == EVENT:
@@ -171,6 +178,7 @@ class Exporter:
                 socket.send_fds(conn, [answer], [fd])
             finally:
                 os.close(fd)
+            self.vm_opened(base, asker)
             log.info("memory handle 0x%x (%d bytes) exported to another worker of the lease", base, vm_size)
             return
         try:
@@ -228,14 +236,15 @@ def fetch(state_dir: Path, base: int, size: int) -> tuple[int, int, int, int, in
     return fds[0], pages_base, pages_size, device, owner or pid, pid
 
 
-def tell_closed(state_dir: Path, worker: int, base: int) -> None:
-    """Tell the worker `worker` that this one closed its allocation at `base` (opened with fetch), and wait
+def tell_closed(state_dir: Path, worker: int, base: int, kind: int = CLOSED) -> None:
+    """Tell the worker `worker` that this one closed its allocation at `base` (opened with fetch; with
+    VM_CLOSED: released the memory it exported under the handle `base`, imported with fetch_vm), and wait
     until it has counted that; nothing where that worker has ended (it counts nothing any more)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(ASK_TIMEOUT_S)
         try:
             sock.connect(str(socket_path(state_dir, worker)))
-            sock.sendall(REQUEST.pack(CLOSED, base, 0))
+            sock.sendall(REQUEST.pack(kind, base, 0))
             sock.recv(CLOSED_ANSWER.size, socket.MSG_WAITALL)
         except OSError:
             pass
@@ -247,15 +256,15 @@ def fetch_event(state_dir: Path, event: int) -> bytes | None:
     return None if found is None else found[0][1]
 
 
-def fetch_vm(state_dir: Path, handle: int) -> tuple[int, int, int, bytes, int] | None:
+def fetch_vm(state_dir: Path, handle: int) -> tuple[int, int, int, bytes, int, int] | None:
     """Memory of the virtual memory API that a process of another worker exported under `handle`:
-    (descriptor, size, device, CUmemAllocationProp bytes, the pid whose end means the exporter has gone),
-    or None when no other worker exported it."""
+    (descriptor, size, device, CUmemAllocationProp bytes, the pid whose end means the exporter has gone, the
+    exporting worker's pid), or None when no other worker exported it."""
     found = _ask_others(state_dir, VMEM, handle, 0, VMEM_ANSWER)
     if found is None:
         return None
     (_, size, device, owner, prop_len, prop), fds, pid = found
-    return fds[0], size, device, prop[:prop_len], owner or pid
+    return fds[0], size, device, prop[:prop_len], owner or pid, pid
 
 
 class Neighbours:
@@ -402,10 +411,25 @@ class Imports:
             self.release_window(pages.window)
         return True
 
-    def note_vm(self, handle: int, pid: int, size: int, device: int) -> None:
-        """`handle` here is memory the worker `pid` exported (its vm_charged entry counts nothing here)."""
+    def note_vm(self, handle: int, pid: int, size: int, device: int, worker: int, exported: int) -> None:
+        """`handle` here is memory the process `pid` exported under `exported`, in the worker `worker` (its
+        vm_charged entry counts nothing here): that worker counts it until vm_released says otherwise."""
         with self.lease.lock:
-            self.exported_by[("vm", handle)] = [pid, size, device, False]
+            self.exported_by[("vm", handle)] = [pid, size, device, False, worker, exported]
+
+    def vm_released(self) -> None:
+        """After a release: memory imported from another worker that no process of this one holds any more
+        is no longer its exporter's worker's to count for us (told VM_CLOSED, as natively the memory goes
+        with its last holder). An imported handle is its memory's own key (note_vm: the first import)."""
+        with self.lease.lock:
+            gone = [
+                key
+                for key in self.exported_by
+                if key[0] == "vm" and key[1] not in self.lease.vm_memory_holders
+            ]
+            told = [self.exported_by.pop(key)[4:6] for key in gone]
+        for worker, exported in told:
+            tell_closed(self.state_dir, worker, exported, VM_CLOSED)
 
     def count_departed(self) -> None:
         """What this worker holds of workers that have gone is counted here from now on (the caller holds
@@ -414,8 +438,7 @@ class Imports:
         for key, entry in list(self.exported_by.items()):
             pid, size, device, counted = entry[:4]
             kind, value = key
-            if kind == "vm" and value not in self.lease.vm_memory_of:  # released since
-                del self.exported_by[key]
+            if kind == "vm" and value not in self.lease.vm_memory_holders:  # released since (vm_released)
                 continue
             if counted:
                 continue
@@ -424,7 +447,7 @@ class Imports:
             if not gone[pid]:
                 continue
             if kind == "vm":  # counted through its vm_charged entry from here on: dropped with it
-                memory = self.lease.vm_memory_of[value]
+                memory = value  # the imported handle is its memory's key (note_vm)
                 if self.lease.vm_charged.get(memory, (1, 0))[0]:
                     continue  # counted here already (another holder of it made here)
                 self.lease.vm_charged[memory] = (size, device)

@@ -186,6 +186,7 @@ class ProcessWorkers:
                     state_dir, self._pages_of, executor.export_memory, self._event_handle, self._vm_export,
                     lambda: self.served.peer_pid if self.served is not None else 0,
                     opened=lease.opened_by, closed=lease.closed_by,
+                    vm_opened=lease.vm_opened_by, vm_closed=lease.vm_closed_by,
                 )  # fmt: skip
                 lease.departed_exports.append(lambda: lease.count_openers_gone(_ipc_workers.running))
             except OSError as exc:  # a state folder too deep for a socket's path, say: the process runs on
