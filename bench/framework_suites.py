@@ -30,6 +30,8 @@ bench/_torch_suite_compat.py, which lets a test file of a neighbouring PyTorch r
 `bash bench/fetch_suites.sh DIR` downloads the versions that match the GPU machine's PyTorch, CuPy and
 JAX (it needs the network; the GPU machine has none, so fetch them where there is one and carry DIR
 there). Without --part, DEFAULT_PARTS runs (those whose files were fetched); --native-only sizes parts cheaply.
+`--remote-env NAME=VALUE` sets a variable in the remote runs only (the shim's and the worker's settings,
+e.g. GPUPOOL_SHIM_RING=1 or GPUPOOL_SHIM_COALESCE_US=0), to compare a setting on the same tests.
 """
 
 from __future__ import annotations
