@@ -3937,6 +3937,25 @@ def scenario_multicast():
     say("finished", 1)
 
 
+def scenario_vmm_release_while_mapped():
+    """As NCCL uses its buffers: memory created, mapped, its handle released at once, the mapping used on.
+    What the lease uses after the release (the mapping keeps the memory) and after the unmap."""
+    setup()
+    prop = AllocationProp(1, 0, 1, 0)
+    base, handle = c_u64(), c_u64()
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(4 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemCreate(ctypes.byref(handle), c_u64(4 * MiB), ctypes.byref(prop), c_u64(0)), "create")
+    check(cu.cuMemMap(base, c_u64(4 * MiB), c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, c_u64(4 * MiB), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    check(cu.cuMemRelease(handle), "release")
+    say("used_mib_after_release", _used_mib())
+    check(cu.cuMemsetD8(base, 7, c_u64(4 * MiB)), "memset")
+    say("contents", dtoh(base.value + 4 * MiB - 4, 4)[1].hex())
+    check(cu.cuMemUnmap(base, c_u64(4 * MiB)), "unmap")
+    say("used_mib_after_unmap", _used_mib())
+    check(cu.cuMemAddressFree(base, c_u64(4 * MiB)), "address free")
+
+
 def scenario_vmm_retain():
     """cuMemRetainAllocationHandle, as NCCL frees its memory: the handle of what this process mapped,
     one more reference to release; the memory lives until the last one goes, whoever made it. Memory

@@ -1983,6 +1983,14 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
                 proc.wait(10)
 
 
+def test_memory_whose_handle_is_released_while_mapped_counts_until_it_is_unmapped(shim_dir, worker):
+    """NCCL maps its buffers and releases their handles at once; natively the mapping keeps the memory
+    allocated until it is unmapped, so it counts against the partition until then (before, the release
+    alone uncounted it: every NCCL buffer was free memory to the lease)."""
+    out, _ = run_client("vmm_release_while_mapped", client_env(shim_dir, worker))
+    assert out == {"used_mib_after_release": "4", "contents": "07070707", "used_mib_after_unmap": "0"}
+
+
 def test_with_isolate_virtual_memory_its_exporter_released_counts_until_its_importer_releases_it(
     shim_dir, worker
 ):

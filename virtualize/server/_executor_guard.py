@@ -168,6 +168,11 @@ class LeaseState:
     vm_memory_holders: Counter = field(default_factory=Counter)
     vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
+    # Each mapping's memory (its address -> the memory's key) and how many mappings each memory has: a
+    # mapping keeps the memory, and its count, after the last handle's release (NCCL releases right after
+    # it maps), until it is unmapped, as natively.
+    vm_map_key: dict[int, int] = field(default_factory=dict)
+    vm_key_mappings: Counter = field(default_factory=Counter)
     # Each process's count of the memory it opened from other workers' processes that have gone
     # (virtualize.server._ipc_workers.Imports.count_departed), run under `lock` before memory is counted.
     departed_exports: list[Callable[[], None]] = field(default_factory=list)
@@ -338,12 +343,20 @@ class LeaseState:
             self.vm_memory_holders[key] -= 1
             if self.vm_memory_holders[key] <= 0:
                 del self.vm_memory_holders[key]
-                size, device = self.vm_charged.pop(key)
-                openers = self.opened_elsewhere.pop(("vm", key), None)
-                if openers:  # imported by other workers' processes: counted here until their last release
-                    self.held_for_others[("vm", key)] = [size, device, openers]
-                else:
-                    self.used[device] -= size
+                if not self.vm_key_mappings[key]:  # else counted until its last unmap (vm_mapping)
+                    self._vm_uncharge(key)
+
+    def _vm_uncharge(self, key: int) -> None:
+        """Memory no process of this worker holds or maps any more (the caller holds the lock)."""
+        self.vm_key_mappings.pop(key, None)
+        if key not in self.vm_charged:
+            return
+        size, device = self.vm_charged.pop(key)
+        openers = self.opened_elsewhere.pop(("vm", key), None)
+        if openers:  # imported by other workers' processes: counted here until their last release
+            self.held_for_others[("vm", key)] = [size, device, openers]
+        else:
+            self.used[device] -= size
 
     def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
         with self.lock:
@@ -351,6 +364,14 @@ class LeaseState:
             (at.add if mapped else at.discard)(ptr)
             if not at:
                 del self.vm_mapped_at[handle]
+            if mapped and handle in self.vm_memory_of:
+                key = self.vm_map_key[ptr] = self.vm_memory_of[handle]
+                self.vm_key_mappings[key] += 1
+            elif not mapped and ptr in self.vm_map_key:
+                key = self.vm_map_key.pop(ptr)
+                self.vm_key_mappings[key] -= 1
+                if self.vm_key_mappings[key] <= 0 and key not in self.vm_memory_holders:
+                    self._vm_uncharge(key)  # its handles were released before this last unmap
 
     def in_use(self, device: int) -> int:
         """What the lease uses of `device`: here, and in the workers of its other processes, where they have

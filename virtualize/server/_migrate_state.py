@@ -148,7 +148,14 @@ def _tensor_maps_imported(lease, executor, maps: list) -> None:
 # The guard's tables of arrays and of the virtual memory API, as the client names them: per process (a
 # connection's `Session`) and of the lease (`LeaseState`); each [attribute, its pairs] (JSON has no int keys).
 PROCESS_TABLES = ("vm_ranges", "vm_mapped", "vm_handles", "vm_mapping_of")
-LEASE_VM_TABLES = ("vm_holders", "vm_memory_of", "vm_memory_holders", "vm_charged")
+LEASE_VM_TABLES = (
+    "vm_holders",
+    "vm_memory_of",
+    "vm_memory_holders",
+    "vm_charged",
+    "vm_map_key",
+    "vm_key_mappings",
+)
 
 
 def _carried_json(session) -> dict:
