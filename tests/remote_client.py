@@ -1184,6 +1184,20 @@ def scenario_native_dispatch():
     print("printed after sync", flush=True)
 
 
+def scenario_shared_copy_once():
+    """One synchronous copy of SHM_COPY_MIB MiB (0: none) from pageable memory, through the memory shared
+    with a worker on this host, in pieces; whether its bytes landed."""
+    setup()
+    size = int(os.environ["SHM_COPY_MIB"]) << 20
+    rc, dev = alloc(max(size, 4096))
+    check(rc, "alloc")
+    data = os.urandom(size)
+    if size:
+        check(cu.cuMemcpyHtoD(c_u64(dev), ctypes.create_string_buffer(data, size), c_u64(size)), "htod")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("landed", dtoh(dev, 4096)[1] == data[:4096] if size else True)
+
+
 def scenario_shared_copies():
     """Large copies (through memory the worker shares with this process when it runs on this host):
     every byte lands, synchronous and on a stream, at odd offsets and sizes, and a copy larger than

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import socket
 import struct
 
@@ -135,3 +136,29 @@ def test_a_program_copies_the_same_with_the_shared_memory_and_without(shim_dir):
         "offset_equal": "True",
         "past_allocation": "1",
     }
+
+
+@needs_cc
+def test_each_piece_of_a_shared_copy_goes_to_the_worker_as_it_is_written(shim_dir):
+    """A large copy through the shared memory is eight pieces: each goes to the worker as soon as it is
+    written here, so the worker's DMA of one overlaps the writing of the next — never held back with the
+    frames that want no answer (GPUPOOL_SHIM_COALESCE_US, 10 ms here) until the copy's last piece."""
+    big = start_worker(
+        "pieces", [WorkerDevice(0, "", 128 * MiB)], bind_host="127.0.0.1", env={}, executor="host"
+    )
+    sends = {}
+    try:
+        for mib in (0, 32):
+            env = client_env(
+                shim_dir,
+                big,
+                GPUPOOL_SHIM_PROFILE="1",
+                GPUPOOL_SHIM_COALESCE_US="10000",
+                SHM_COPY_MIB=str(mib),
+            )
+            out, err = run_client("shared_copy_once", env)
+            assert out["landed"] == "True"
+            sends[mib] = int(re.search(r"frames went to the worker in (\d+) sends", err).group(1))
+    finally:
+        big.stop()
+    assert sends[32] - sends[0] >= 8  # the pieces (4 MiB each), one send each at the least

@@ -1320,7 +1320,9 @@ static CUresult shm_htod_locked(uint64_t dst, const uint8_t *src, uint64_t count
             int last = at + n == part;
             struct gp_in_gpShmHtoD in = {.dst = dst + done + at, .count = n, .stream = stream, .offset = at,
                                          .flags = (uint32_t)(last | (is_async ? 2 : 0))};
-            if (send_frame(GP_CALL_gpShmHtoD, last ? GP_FLAG_WANTS_REPLY : 0, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+            /* each piece at once: its DMA overlaps the copying of the next piece here (never held) */
+            if (send_frame(GP_CALL_gpShmHtoD, last ? GP_FLAG_WANTS_REPLY : GP_FLAG_SEND_NOW, &in, sizeof in, NULL, 0,
+                           NULL, 0) < 0)
                 return lost(strerror(errno));
         }
         int32_t result;

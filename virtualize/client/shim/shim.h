@@ -72,6 +72,8 @@ void gp_memo_after_fork_in_child(void);
 void gp_event_recorded(uint64_t event, uint64_t stream);
 /* A frame's flag for the shim alone (never on the wire): it goes out at once, with what is held before it. */
 #define GP_FLAG_SEND_NOW (1u << 31)
+/* A copy of at least this many bytes is sent at once rather than held with the frames after it. */
+#define GP_SEND_NOW_BYTES (64u << 10)
 void gp_event_interprocess(uint64_t event); /* made interprocess, or opened: its records go out at once */
 int gp_event_is_interprocess(uint64_t event);
 void gp_events_after_fork_in_child(void);

@@ -808,7 +808,10 @@ CUresult pinned_copy(uint32_t call, uint64_t device, const void *host, uint64_t 
     int synchronous = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyDtoH_v2;
     struct gp_in_gpPinnedCopy in = {.device = device, .host = (uint64_t)host, .count = count,
                                     .stream = synchronous ? 0 : stream, .flags = to_device | synchronous << 1};
-    CUresult r = gp_call(GP_CALL_gpPinnedCopy, synchronous ? WANT : 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    /* A large copy goes at once, not held with the frames after it (shim.c, "held"): its DMA is work worth
+     * starting now, and a syscall is small beside it. */
+    uint32_t flags = synchronous ? WANT : count >= GP_SEND_NOW_BYTES ? GP_FLAG_SEND_NOW : 0;
+    CUresult r = gp_call(GP_CALL_gpPinnedCopy, flags, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     if (r == CUDA_SUCCESS && synchronous && gp_copies_in_flight()) {
         /* A synchronous copy waits for the default stream: copies to the host done by then land first. */
         struct gp_in_gpCopiesFlush flush = {.wait = 0};
