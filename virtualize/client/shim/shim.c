@@ -220,10 +220,13 @@ __attribute__((constructor)) static void shim_init(void) {
 
 static size_t n_held; /* bytes of unanswered frames not sent yet (held_append_locked, below) */
 static CUresult fail(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The connection's socket closed; the process connection's not while the flusher is sending on it. */
+/* The connection's TLS session ended and its socket closed; the process connection's not while the flusher
+ * is sending on it. */
 static void conn_close_fd(void) {
     int main = conn() == &main_conn;
     if (main) pthread_mutex_lock(&wire_lock);
+    gp_tls_free(conn_ssl);
+    conn_ssl = NULL;
     if (conn_fd >= 0) close(conn_fd);
     conn_fd = -1;
     if (main) pthread_mutex_unlock(&wire_lock);
@@ -241,8 +244,6 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
         ring_drop();
         n_held = 0; /* frames held for a connection that is gone */
     }
-    gp_tls_free(conn_ssl);
-    conn_ssl = NULL;
     conn_close_fd();
     return code;
 }
@@ -308,30 +309,31 @@ static int held_flush_locked(void) {
     size_t n = n_held;
     n_held = 0;
     profile_sends++;
-    if (main_conn.ssl) return gp_tls_write(main_conn.ssl, held, n);
     struct iovec all = {held, n};
     pthread_mutex_lock(&wire_lock);
-    int r = send_plain(main_conn.fd, &all, 1);
+    int r = main_conn.ssl ? gp_tls_write(main_conn.ssl, held, n) : send_plain(main_conn.fd, &all, 1);
     pthread_mutex_unlock(&wire_lock);
     return r;
 }
 
-/* The flusher's send of what is held, on a plain socket: the buffer handed over and sent holding wire_lock
- * alone, so that the program's calls go on holding frames (into the other buffer) meanwhile instead of
- * waiting for the send — which wakes the worker, several µs (CuPy's launches on an H200). Over TLS the
- * session is not for two threads at once: sent under conn_lock, as the program's own sends. */
+/* The flusher's send of what is held: the buffer handed over and sent holding wire_lock alone, so that the
+ * program's calls go on holding frames (into the other buffer) meanwhile instead of waiting for the send —
+ * which wakes the worker, several µs (CuPy's launches on an H200), more over TLS. A TLS session is never
+ * used by two threads at once all the same: every send holds wire_lock, and a reply is read only under
+ * conn_lock right after the reader's own send, while the flusher needs conn_lock to begin one. */
 static unsigned char *spare;
 static int held_flush_aside_locked(void) {
-    if (main_conn.ssl || (!spare && !(spare = malloc(HOLD_MAX)))) return held_flush_locked();
+    if (!spare && !(spare = malloc(HOLD_MAX))) return held_flush_locked();
     unsigned char *sending = held;
     struct iovec all = {sending, n_held};
     held = spare, spare = NULL;
     n_held = 0;
     profile_sends++;
     int fd = main_conn.fd;
+    void *ssl = main_conn.ssl;
     pthread_mutex_lock(&wire_lock); /* taken before conn_lock is let go: nothing sent later goes first */
     pthread_mutex_unlock(&conn_lock);
-    int r = send_plain(fd, &all, 1), saved = errno;
+    int r = ssl ? gp_tls_write(ssl, sending, all.iov_len) : send_plain(fd, &all, 1), saved = errno;
     pthread_mutex_unlock(&wire_lock);
     pthread_mutex_lock(&conn_lock);
     spare = sending;
@@ -443,9 +445,8 @@ static int send_iov(struct iovec *iov, int n, int hold) {
     if (kept) return kept < 0 ? -1 : 0;
     if (conn() != &main_conn) return conn_ssl ? send_tls(iov, n, total) : send_plain(conn_fd, iov, n);
     profile_sends++;
-    if (conn_ssl) return send_tls(iov, n, total);
     pthread_mutex_lock(&wire_lock);
-    int r = send_plain(conn_fd, iov, n);
+    int r = conn_ssl ? send_tls(iov, n, total) : send_plain(conn_fd, iov, n);
     pthread_mutex_unlock(&wire_lock);
     return r;
 }
@@ -1025,8 +1026,6 @@ static int moved_to(const struct gp_moved_to *to) {
     int own = frame.call == GP_CALL_gpProcessStart; /* a worker of this process's own, not a move of the lease */
     if (gp_trace_enabled) gp_say(own ? "this process's own worker is %s: connecting" : "the lease moved to %s: reconnecting", where);
     if (!thread_conn) ring_drop(); /* the old worker's ring: the connection goes on over the new socket */
-    gp_tls_free(conn_ssl);
-    conn_ssl = NULL;
     conn_close_fd();
     if (own) {
         snprintf(own_where, sizeof own_where, "%s", where);
