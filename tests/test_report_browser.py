@@ -115,7 +115,8 @@ class Chromium:
         )
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             page = next(t for t in json.load(r) if t["type"] == "page")
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+        # entered as a context manager (closed in close()): websockets 17.1+ warns about a bare connect()
+        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10).__enter__()
         self.ids = itertools.count(1)
         self.call("Page.enable")
         self.call(
