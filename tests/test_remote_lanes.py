@@ -130,11 +130,12 @@ def test_frames_held_by_many_threads_reach_the_worker_whole_and_in_order(shim_di
         assert out["last"] == " ".join(["cfcfcfcf"] * 4), coalesce
 
 
+@pytest.mark.parametrize("encryption", ["always", "never"])
 @pytest.mark.parametrize("isolate", ["0", "1"])
 def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_returns(
-    shim_dir, worker, isolate
+    shim_dir, worker, isolate, encryption
 ):
-    """Frames held to go together (TLS) must not hide the work before an interprocess event's record from
+    """Frames held to go together must not hide the work before an interprocess event's record from
     the lease's other processes: natively, once cuEventRecord returns, another process that waits on the
     event sees what came before the record on its stream, as PyTorch's CUDA tensors shared between
     processes rely on. Held back (up to 10 ms here), the memset before the record had not reached the
@@ -143,7 +144,7 @@ def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_re
     env = client_env(
         shim_dir,
         worker,
-        GPUPOOL_DATA_ENCRYPTION="always",
+        GPUPOOL_DATA_ENCRYPTION=encryption,
         GPUPOOL_SHIM_COALESCE_US="10000",
         GPUPOOL_ISOLATE=isolate,
     )

@@ -221,7 +221,7 @@ void gp_event_recorded(uint64_t event, uint64_t stream) {
 }
 
 /* ---- interprocess events: their records are not held -----------------------------------------------
- * Over TLS the shim holds unanswered frames a moment to send them together (shim.c, held_append_locked).
+ * The shim holds unanswered frames a moment to send them together (shim.c, held_append_locked).
  * Another process of the lease may query or wait on an interprocess event as soon as this one's record
  * returns (PyTorch's CUDA tensors shared between processes: the producer records, the consumer waits), so a
  * record of one this process made interprocess, or opened, goes out at once with what is held before it.
