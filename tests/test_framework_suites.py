@@ -132,10 +132,24 @@ def test_a_bad_part_or_a_missing_suite_file_is_refused_in_one_line(tmp_path):
         (["--only", "no-such-part"], "no part named no-such-part"),
         (["--part", "x=demo/not_there.py"], "demo/not_there.py"),
         (["--part", "x=demo/test_demo.py@4/3"], "I must be between 1 and N"),
+        (["--remote-env", "NO_EQUALS_SIGN"], "is not NAME=VALUE"),
         ([], "none of the parts' files is in"),  # the default parts, none of them fetched
     ):
         proc = run(tmp_path, *args, "--native-only")
         assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@needs_cc
+def test_a_remote_env_setting_reaches_the_remote_runs_only(tmp_path):
+    """--remote-env NAME=VALUE (to compare a setting of the shim's or the worker's on the same tests) is in
+    the remote run's environment and not in the native one's."""
+    suite(tmp_path, "import os\ndef test_setting(): assert os.environ.get('DEMO_SETTING') == 'on'\n")
+    proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", "--remote-env", "DEMO_SETTING=on",
+               "--timeout", "100", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    both = row(tmp_path, "demo")
+    assert (both["native"]["passed"], both["native"]["failed"]) == (0, 1)
+    assert (both["remote"]["passed"], both["remote"]["failed"]) == (1, 0)
 
 
 @needs_cc
