@@ -4137,6 +4137,7 @@ def scenario_vmm_share_import():
         rc = cu.cuMemImportFromShareableHandle(ctypes.byref(again), ctypes.c_void_p(fds[0]), POSIX_FD)
         say("import_again", f"{rc} {cu.cuMemRelease(again) if rc == 0 else '-'}")
     say("release_while_mapped", cu.cuMemRelease(handle))  # as NCCL does: the mapping keeps the memory
+    say("used_mib_released_still_mapped", _used_mib())
     say("after_release", dtoh(base.value + size - 4, 4)[1].hex())
     check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
     check(cu.cuMemAddressFree(base, c_u64(size)), "address free")

@@ -1952,6 +1952,7 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
             "used_mib_after_exporter_left": "4",  # counted once while any process of the lease holds it ...
             "used_mib_at_end": "0",  # ... and no longer once none does
             "release_while_mapped": "0",  # its own reference, still the lease's after the exporter's went
+            "used_mib_released_still_mapped": "4",  # the mapping keeps the memory, and its count
             "after_release": "cdcdcdcd",
             "import_other_fd": "1",  # CUDA_ERROR_INVALID_VALUE
         }
@@ -2017,7 +2018,8 @@ def test_with_isolate_virtual_memory_its_exporter_released_counts_until_its_impo
         out, _ = importer.communicate("\n", timeout=60)
         assert importer.returncode == 0, out
         assert parse(out)["used_mib_after_exporter_left"] == "4"
-        assert parse(out)["used_mib_at_end"] == "0"  # released by its last holder
+        assert parse(out)["used_mib_released_still_mapped"] == "4"  # its mapping keeps it, as natively
+        assert parse(out)["used_mib_at_end"] == "0"  # released and unmapped by its last holder
         out, _ = exporter.communicate("\n", timeout=60)
         assert parse(out)["used_mib_after_importer_released"] == "0"
         assert exporter.returncode == 0

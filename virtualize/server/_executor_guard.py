@@ -343,8 +343,13 @@ class LeaseState:
             self.vm_memory_holders[key] -= 1
             if self.vm_memory_holders[key] <= 0:
                 del self.vm_memory_holders[key]
-                if not self.vm_key_mappings[key]:  # else counted until its last unmap (vm_mapping)
+                if not self.vm_in_use(key):  # else counted until its last unmap (vm_mapping)
                     self._vm_uncharge(key)
+
+    def vm_in_use(self, key: int) -> bool:
+        """Whether a process of this worker holds a handle of the memory `key` or maps it (the caller holds
+        the lock): natively the memory lives until both are gone."""
+        return key in self.vm_memory_holders or self.vm_key_mappings[key] > 0
 
     def _vm_uncharge(self, key: int) -> None:
         """Memory no process of this worker holds or maps any more (the caller holds the lock)."""
@@ -370,7 +375,7 @@ class LeaseState:
             elif not mapped and ptr in self.vm_map_key:
                 key = self.vm_map_key.pop(ptr)
                 self.vm_key_mappings[key] -= 1
-                if self.vm_key_mappings[key] <= 0 and key not in self.vm_memory_holders:
+                if not self.vm_in_use(key):
                     self._vm_uncharge(key)  # its handles were released before this last unmap
 
     def in_use(self, device: int) -> int:
@@ -1184,7 +1189,7 @@ class Session:
         self.vm_handles.pop(handle)
         self.vm_props.pop(handle, None)
         self.lease.vm_drop(handle)
-        if self.ipc_imports is not None:  # memory imported from another worker's process, now let go of
+        if self.ipc_imports is not None:  # the last use of memory imported from another worker's process?
             self.ipc_imports.vm_released()
         for exported in [e for e, h in self.vm_across.items() if h == handle]:
             del self.vm_across[exported]  # a later import of that descriptor asks its exporter again
@@ -1213,6 +1218,8 @@ class Session:
         mapping = self.vm_mapping_of.pop(ptr, None)
         if mapping is not None:
             self.lease.vm_mapping(mapping[0], ptr, False)
+            if self.ipc_imports is not None:  # the last use of memory imported from another worker's process?
+                self.ipc_imports.vm_released()
 
     def _vm_properties(self, call: Call, ins: tuple):
         """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""

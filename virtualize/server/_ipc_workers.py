@@ -418,15 +418,12 @@ class Imports:
             self.exported_by[("vm", handle)] = [pid, size, device, False, worker, exported]
 
     def vm_released(self) -> None:
-        """After a release: memory imported from another worker that no process of this one holds any more
-        is no longer its exporter's worker's to count for us (told VM_CLOSED, as natively the memory goes
-        with its last holder). An imported handle is its memory's own key (note_vm: the first import)."""
+        """After a release or an unmap: memory imported from another worker that no process of this one
+        holds or maps any more is no longer its exporter's worker's to count for us (told VM_CLOSED, as
+        natively the memory goes with its last holder and mapping). An imported handle is its memory's own
+        key (note_vm: the first import)."""
         with self.lease.lock:
-            gone = [
-                key
-                for key in self.exported_by
-                if key[0] == "vm" and key[1] not in self.lease.vm_memory_holders
-            ]
+            gone = [key for key in self.exported_by if key[0] == "vm" and not self.lease.vm_in_use(key[1])]
             told = [self.exported_by.pop(key)[4:6] for key in gone]
         for worker, exported in told:
             tell_closed(self.state_dir, worker, exported, VM_CLOSED)
@@ -438,7 +435,7 @@ class Imports:
         for key, entry in list(self.exported_by.items()):
             pid, size, device, counted = entry[:4]
             kind, value = key
-            if kind == "vm" and value not in self.lease.vm_memory_holders:  # released since (vm_released)
+            if kind == "vm" and not self.lease.vm_in_use(value):  # released since (vm_released)
                 continue
             if counted:
                 continue
