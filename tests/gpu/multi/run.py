@@ -9,6 +9,10 @@ the exit status is 1 if any failed):
              the two GPUs (one worker, as `gpuattach run -n 2` gets): the same loss at every step
   allreduce  all_reduce bus bandwidth (nccl-tests' busbw) from 1 MiB to 1 GiB, native vs remote
   tp         a tensor-parallel MLP forward over the two ranks: equal to the native result
+  isolate    `--isolate` (GPUPOOL_ISOLATE=1): each rank in a worker process of its own, NCCL in the ranks'
+             processes sharing memory worker to worker (its P2P/CUMEM transport: descriptors exported by
+             one worker, imported by the other); DDP losses and all_reduce busbw against native, then
+             the same with NCCL forwarded to the two workers (GPUPOOL_NCCL=forward, through gpuattach)
   halves     `-n 2 -p 0.5`: DDP on halves of the two GPUs; and two processes, each with its own
              lease of half of GPU 0, training side by side (NCCL refuses two ranks on one GPU)
   servers    two leases of one GPU each, as two gpupool-servers each owning one GPU would start them;
@@ -218,6 +222,38 @@ def nccl_path(debug_dir: Path, client_output: str) -> tuple[str, list[str]]:
     return where, transports
 
 
+def isolate_step(
+    work: Path, env: dict[str, str], native_two: dict[str, str], isolated: dict[str, str]
+) -> None:
+    """--isolate on one lease of two GPUs: each rank's process gets its own worker process, so whatever NCCL
+    shares between the ranks (P2P/CUMEM: memory exported by one worker, imported by the other; IPC events)
+    crosses worker processes. DDP must give the native losses and all_reduce must complete at every size."""
+    say("\n=== isolate: --isolate, each rank in its own worker process, NCCL in the ranks' processes")
+    compare_losses("ddp two ranks, --isolate (a worker process per rank)",
+                   run("isolate-ddp-native", torchrun("prog_ddp.py"), native_two),
+                   run("isolate-ddp-remote", torchrun("prog_ddp.py"), isolated))  # fmt: skip
+    n = run("isolate-allreduce-native", torchrun("prog_allreduce.py"), native_two)
+    r = run("isolate-allreduce-remote", torchrun("prog_allreduce.py"), isolated)
+    table = busbw_table(n, r, ("native GB/s", "--isolate GB/s"))
+    big = table[-1][3] if table else 0.0
+    ok = n[0] == 0 and r[0] == 0 and bool(table) and all(row[2] != "-" for row in table)
+    record("all_reduce 1 MiB-1 GiB completes with --isolate", "PASS" if ok else "FAIL",
+           f"1 GiB: {big:.0%} of native busbw" if table else f"native exit {n[0]}, remote exit {r[0]}")  # fmt: skip
+    if OUT and table:
+        (OUT / "allreduce_isolate.json").write_text(json.dumps(table))
+    if not all(installed()):
+        record(
+            "gpuattach run -n 2 --isolate, NCCL forwarded", "SKIP", "gpupool-server / gpuattach not installed"
+        )
+        return
+    with pool_server(work / "pool-isolate", env) as attach:
+        cmd = attach("1", "--isolate", n=2) + torchrun("prog_ddp.py")
+        say("$ GPUPOOL_NCCL=forward " + " ".join(cmd))
+        compare_losses("gpuattach run -n 2 --isolate, NCCL forwarded to the two workers",
+                       run("isolate-forward-native", torchrun("prog_ddp.py"), native_two),
+                       run("isolate-forward-remote", cmd, {**env, "GPUPOOL_NCCL": "forward"}), runs="gpuattach")  # fmt: skip
+
+
 def spread_step(
     work: Path, env: dict[str, str], native_two: dict[str, str], two, gloo, nccl_bound: float
 ) -> None:
@@ -351,7 +387,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="run only these steps (vmm ddp allreduce tp halves gpuattach servers spread link)",
+        help="run only these steps (vmm ddp allreduce tp isolate halves gpuattach servers spread link)",
     )
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for one run (default 240)"
@@ -440,6 +476,8 @@ def main() -> int:
             record("tensor-parallel forward equals native", "PASS" if same else "FAIL",
                    f"native tp_vs_full {values(n[1], 'tp_vs_full')}, remote {values(r[1], 'tp_vs_full')}; "
                    f"exits {n[0]}/{r[0]}")  # fmt: skip
+        if selected("isolate"):
+            isolate_step(work, env, native_two, {**remote_two, "GPUPOOL_ISOLATE": "1"})
         if selected("halves"):
             say("\n=== halves: -n 2 -p 0.5, and two leases of half of one GPU side by side")
             compare_losses("ddp on halves of two GPUs (-n 2 -p 0.5)", run("halves-native", torchrun("prog_ddp.py"), native_two),
