@@ -17,10 +17,11 @@ from pathlib import Path
 
 
 def installed() -> tuple[str | None, str | None]:
-    """gpupool-server and gpuattach, on PATH or beside this Python."""
+    """gpupool-server and gpuattach: beside this Python first (a venv's scripts run its packages; one on
+    PATH may be another Python's, without cuda-bindings), else on PATH."""
     bindir = Path(sys.executable).parent
     return tuple(
-        shutil.which(n) or shutil.which(n, path=str(bindir)) for n in ("gpupool-server", "gpuattach")
+        shutil.which(n, path=str(bindir)) or shutil.which(n) for n in ("gpupool-server", "gpuattach")
     )
 
 
