@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 def test_one_lease_of_two_gpus_trains_reduces_and_shards_as_natively():
     runner = Path(__file__).with_name("run.py")
     out = Path(tempfile.mkdtemp(prefix="gpupool-multi-"))
-    proc = subprocess.run([sys.executable, str(runner), "--only", "vmm", "ddp", "allreduce", "tp", "halves"],
+    proc = subprocess.run([sys.executable, str(runner), "--only", "vmm", "ddp", "allreduce", "tp", "isolate", "halves"],
                           env={**os.environ, "OUT": str(out)}, capture_output=True, text=True, timeout=1800)  # fmt: skip
     print(proc.stdout[-20000:])
     written = out / "multi_results.json"
