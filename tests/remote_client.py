@@ -1339,6 +1339,35 @@ def scenario_held_sends():
     say("memset", dtoh(dev, 4)[1].hex())
 
 
+def scenario_query_after_record():
+    """200 rounds of a memset, a record behind it and queries of the event until it is done (CuPy's pinned
+    pool queries each event right after recording it): how many first queries said NOT_READY, how many
+    rounds never saw the event done within 5 s, and how many copies back after it was done lacked the
+    memset's bytes (the shim's profile, at exit, says how many queries went to the worker)."""
+    setup()
+    rc, dev = alloc(64)
+    check(rc, "alloc")
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuEventCreate(ctypes.byref(event), 2), "event")  # CU_EVENT_DISABLE_TIMING, as CuPy's pool
+    not_ready_first = stuck = wrong = 0
+    for i in range(200):
+        check(cu.cuMemsetD8Async(c_u64(dev), i % 256, c_u64(64), stream), "memset")
+        check(cu.cuEventRecord(event, stream), "record")
+        rc = cu.cuEventQuery(event)
+        not_ready_first += rc == 600  # CUDA_ERROR_NOT_READY
+        deadline = time.monotonic() + 5
+        while rc == 600 and time.monotonic() < deadline:
+            rc = cu.cuEventQuery(event)
+        if rc != 0:
+            stuck += 1
+            continue
+        wrong += dtoh(dev, 4)[1] != bytes([i % 256]) * 4
+    say("not_ready_first", not_ready_first)
+    say("stuck", stuck)
+    say("wrong", wrong)
+
+
 def scenario_held_threads():
     """Four threads, each 2000 memsets of its own memory that want no answer, a copy back every 50th call (sent
     at once, with what is held), short pauses between (so the shim's flusher sends some of the held frames

@@ -219,6 +219,14 @@ __attribute__((constructor)) static void shim_init(void) {
 }
 
 static size_t n_held; /* bytes of unanswered frames not sent yet (held_append_locked, below) */
+/* Events whose record is among those frames (record_is_held_locked, below); -1: more than fit */
+enum { HELD_RECORDS = 64 };
+static uint64_t held_records[HELD_RECORDS];
+static int n_held_records;
+static void held_none(void) { /* what was held is sent, or is no one's any more (under conn_lock) */
+    n_held = 0;
+    n_held_records = 0;
+}
 static CUresult fail(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The connection's TLS session ended and its socket closed; the process connection's not while the flusher
  * is sending on it. */
@@ -242,7 +250,7 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
     conn_failure = code;
     if (!thread_conn) {
         ring_drop();
-        n_held = 0; /* frames held for a connection that is gone */
+        held_none(); /* frames held for a connection that is gone */
     }
     conn_close_fd();
     return code;
@@ -307,7 +315,7 @@ static long coalesce_ns(void) {
 static int held_flush_locked(void) {
     if (!n_held) return 0;
     size_t n = n_held;
-    n_held = 0;
+    held_none();
     profile_sends++;
     struct iovec all = {held, n};
     pthread_mutex_lock(&wire_lock);
@@ -327,7 +335,7 @@ static int held_flush_aside_locked(void) {
     unsigned char *sending = held;
     struct iovec all = {sending, n_held};
     held = spare, spare = NULL;
-    n_held = 0;
+    held_none();
     profile_sends++;
     int fd = main_conn.fd;
     void *ssl = main_conn.ssl;
@@ -383,7 +391,7 @@ static void *flusher(void *arg) {
 }
 
 static void held_after_fork_in_child(void) { /* the parent's frames, and its flusher: not the child's */
-    n_held = 0;
+    held_none();
     flusher_running = flusher_parked = 0;
     pthread_cond_init(&held_cond, NULL);
 }
@@ -411,6 +419,25 @@ static int held_append_locked(struct iovec *iov, int n, size_t total, int hold) 
     }
     if (first && flusher_parked) pthread_cond_signal(&held_cond); /* it sleeps until told of a first frame */
     return 1;
+}
+
+/* ---- a query of an event whose record is still held here ----------------------------------------------
+ * That record has not reached the worker, so the GPU cannot have completed it: the query is NOT_READY, as
+ * the driver answers for work still queued, with no round trip, and what is held goes at once, since the
+ * program now waits for it. CuPy's pinned-memory pool queries each event right after recording it (5,400
+ * round trips of 71 µs in the Lanczos tests, bench/RESULTS.md). Never while a capture is open (a query
+ * there is the worker's to refuse), nor for an interprocess event (its record is never held). */
+static void record_held_locked(uint64_t event) { /* a record just appended: held, unless n_held is 0 */
+    if (!n_held || n_held_records < 0 || conn() != &main_conn) return;
+    if (n_held_records == HELD_RECORDS) n_held_records = -1; /* too many to follow: queries ask the worker */
+    else held_records[n_held_records++] = event;
+}
+
+static int record_is_held_locked(uint64_t event) {
+    if (!n_held) return 0;
+    for (int i = 0; i < n_held_records; i++)
+        if (held_records[i] == event) return 1;
+    return 0;
 }
 
 /* At the program's exit: what is held still goes (work whose effects the program never waited for, as the
@@ -1135,12 +1162,25 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
         if (profile_enabled) profile_note(call, 0, now_ns() - start, 0, 0);
         return CUDA_SUCCESS;
     }
+    if (call == GP_CALL_cuEventQuery && !gp_capture_open()) {
+        const struct gp_in_cuEventQuery *query = args;
+        pthread_mutex_lock(&conn_lock);
+        int held_record = record_is_held_locked(query->event);
+        CUresult sent = held_record && held_flush_locked() < 0 ? lost(strerror(errno)) : CUDA_SUCCESS;
+        pthread_mutex_unlock(&conn_lock);
+        if (held_record) {
+            if (profile_enabled) profile_note(call, 0, now_ns() - start, 0, 0);
+            return sent != CUDA_SUCCESS ? sent : CUDA_ERROR_NOT_READY;
+        }
+    }
     uint64_t generation = gp_idle_generation();
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
     uint64_t shared_event = 0; /* an interprocess event recorded: another process may wait on it once this returns */
+    uint64_t recorded = 0;
     if (call == GP_CALL_cuEventRecord || call == GP_CALL_cuEventRecordWithFlags) {
         const struct gp_in_cuEventRecord *record = args; /* both begin with the event and the stream */
+        recorded = record->event;
         gp_event_recorded(record->event, record->stream);
         if (gp_event_is_interprocess(record->event)) {
             flags |= GP_FLAG_SEND_NOW;
@@ -1151,6 +1191,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     pthread_mutex_lock(&conn_lock);
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
+    if (recorded && !shared_event && r == CUDA_SUCCESS) record_held_locked(recorded);
     if (shared_event && r == CUDA_SUCCESS && gp_isolated()) {
         /* The other process's worker is another: the record must be done here before that one's wait is, as
          * natively. A query behind it on this connection comes back once it is (its answer does not matter). */
