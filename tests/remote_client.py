@@ -1339,6 +1339,33 @@ def scenario_held_sends():
     say("memset", dtoh(dev, 4)[1].hex())
 
 
+def scenario_answered_beside_copies():
+    """300 rounds of a memset, a record and its event's synchronise on a stream, with a copy into page-locked
+    memory every 50 (which opens the process's callback connection across hosts, and whose bytes must be in
+    place when the stream's synchronise returns): how many copies lacked the memset's bytes, and how many
+    synchronises failed."""
+    setup()
+    n = MiB  # long enough to land that a reply ahead of its bytes is seen
+    rc, dev = alloc(n)
+    check(rc, "alloc")
+    pinned, stream, event = c_u64(), c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(n)), "pinned")
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuEventCreate(ctypes.byref(event), 2), "event")
+    wrong = failed = 0
+    for i in range(300):
+        check(cu.cuMemsetD8Async(c_u64(dev), i % 251, c_u64(n), stream), "memset")
+        if i % 50 == 0:
+            ctypes.memset(pinned.value, 0xEE, n)
+            check(cu.cuMemcpyDtoHAsync(pinned, c_u64(dev), c_u64(n), stream), "dtoh async")
+            failed += cu.cuStreamSynchronize(stream) != 0
+            wrong += ctypes.string_at(pinned.value, n) != bytes([i % 251]) * n
+        check(cu.cuEventRecord(event, stream), "record")
+        failed += cu.cuEventSynchronize(event) != 0
+    say("wrong", wrong)
+    say("failed", failed)
+
+
 def scenario_query_after_record():
     """200 rounds of a memset, a record behind it and queries of the event until it is done (CuPy's pinned
     pool queries each event right after recording it): how many first queries said NOT_READY, how many

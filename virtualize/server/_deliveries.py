@@ -73,6 +73,13 @@ class Deliveries:
         self._senders: ThreadPoolExecutor | None = None  # one thread per outlet, sending pieces
         self._pieces_landing = False  # the last copy went in pieces: a whole one after it says COPIES_SENT
 
+    def all_told(self, told: int) -> bool:
+        """Nothing queued or being sent, and the client told of every frame sent (`told`: the count of its
+        last COPIES_SENT): a reply then needs nothing ahead of it, so the worker's native loop may answer
+        calls. It stays so while the loop serves: the one call that queues a copy is the Python path's."""
+        with self._changed:
+            return not self._queue and not self._sending.locked() and self.sent == told
+
     def has_outlets(self) -> bool:
         return bool(self._outlets)
 

@@ -592,7 +592,12 @@ class NativeSession:
         if self.lease.current is not None:  # after a move: this thread's context is the target's (C calls
             self.lease.current()  # the driver)
         while True:
-            may_reply = not session.pending and session.callbacks is None
+            # A process with a callback connection (host functions, copies to its page-locked memory across
+            # hosts) is answered here too while no copy of it is in flight or untold (Deliveries.all_told).
+            callbacks = session.callbacks
+            may_reply = not session.pending and (
+                callbacks is None or callbacks.deliveries.all_told(session.copies_announced)
+            )
             self._ctx = session.ctx
             buf = channel.buf
             window = (ctypes.c_char * len(buf)).from_buffer(buf)
