@@ -425,7 +425,9 @@ static int held_append_locked(struct iovec *iov, int n, size_t total, int hold) 
  * That record has not reached the worker, so the GPU cannot have completed it: the query is NOT_READY, as
  * the driver answers for work still queued, with no round trip, and what is held goes at once, since the
  * program now waits for it. CuPy's pinned-memory pool queries each event right after recording it (5,400
- * round trips of 71 µs in the Lanczos tests, bench/RESULTS.md). Never while a capture is open (a query
+ * round trips of 71 µs in the Lanczos tests, bench/RESULTS.md). Only for a record held behind other frames
+ * (work sent within the hold time, which natively would still be running too): a record on an idle stream
+ * the driver may report done at once, so that query still asks. Never while a capture is open (a query
  * there is the worker's to refuse), nor for an interprocess event (its record is never held). */
 static void record_held_locked(uint64_t event) { /* a record just appended: held, unless n_held is 0 */
     if (!n_held || n_held_records < 0 || conn() != &main_conn) return;
@@ -1189,9 +1191,10 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     }
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
+    int after_work = n_held > 0; /* frames sent within the hold time are held before it */
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
-    if (recorded && !shared_event && r == CUDA_SUCCESS) record_held_locked(recorded);
+    if (recorded && after_work && !shared_event && r == CUDA_SUCCESS) record_held_locked(recorded);
     if (shared_event && r == CUDA_SUCCESS && gp_isolated()) {
         /* The other process's worker is another: the record must be done here before that one's wait is, as
          * natively. A query behind it on this connection comes back once it is (its answer does not matter). */
