@@ -128,6 +128,8 @@ def child() -> None:
         dev = ok(cu.cuMemAlloc(SIZES[-1]))
         out["dtoh_async_pinned"] = dtoh_async_pinned(cu, ok, dev, stream)
         ok(cu.cuMemFree(dev))
+        # across hosts those copies opened the process's callback connection: its round trips since
+        out["round_trip_after_copies_us"] = round_trip(cu, ok)
     if want("htod_async"):
         out["htod_async_pinned"] = htod_async_pinned(cu, ok)
     if want("compute"):
@@ -783,6 +785,8 @@ def report(results: dict) -> None:
     print("| --- | --- | --- | --- |")
     row("cuEventRecord + cuCtxSynchronize round trip (median)", "round_trip_us", "µs", False)
     row("cuStreamCreate round trip, answered in Python (median)", "python_round_trip_us", "µs", False)
+    row("the same round trip after copies into page-locked memory (median)", "round_trip_after_copies_us", "µs",
+        False)  # fmt: skip
     row("empty-kernel launches, pipelined", "launches_per_s", "/s", True, "{:,.0f}")
     if "launches_after_move_per_s" in remote:
         after, move = remote["launches_after_move_per_s"], remote["move"]
