@@ -1395,6 +1395,14 @@ def scenario_query_after_record():
     say("not_ready_first", not_ready_first)
     say("stuck", stuck)
     say("wrong", wrong)
+    gone = (
+        c_u64()
+    )  # recorded behind a memset, then destroyed while both may still be held: the worker refuses it
+    check(cu.cuEventCreate(ctypes.byref(gone), 2), "event")
+    check(cu.cuMemsetD8Async(c_u64(dev), 1, c_u64(64), stream), "memset")
+    check(cu.cuEventRecord(gone, stream), "record")
+    check(cu.cuEventDestroy(gone), "destroy")
+    say("destroyed_query", cu.cuEventQuery(gone))
 
 
 def scenario_held_threads():

@@ -435,6 +435,11 @@ static void record_held_locked(uint64_t event) { /* a record just appended: held
     else held_records[n_held_records++] = event;
 }
 
+static void record_forget_locked(uint64_t event) { /* destroyed: its query is the worker's to refuse */
+    for (int i = 0; i < n_held_records; i++)
+        if (held_records[i] == event) held_records[i--] = held_records[--n_held_records];
+}
+
 static int record_is_held_locked(uint64_t event) {
     if (!n_held) return 0;
     for (int i = 0; i < n_held_records; i++)
@@ -1195,6 +1200,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
     if (recorded && after_work && !shared_event && r == CUDA_SUCCESS) record_held_locked(recorded);
+    if (call == GP_CALL_cuEventDestroy_v2) record_forget_locked(((const struct gp_in_cuEventDestroy_v2 *)args)->event);
     if (shared_event && r == CUDA_SUCCESS && gp_isolated()) {
         /* The other process's worker is another: the record must be done here before that one's wait is, as
          * natively. A query behind it on this connection comes back once it is (its answer does not matter). */
