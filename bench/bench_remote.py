@@ -519,6 +519,8 @@ def main() -> int:
     if args.profile:
         profile_dir.mkdir(parents=True, exist_ok=True)
     worker_env = {"GPUPOOL_WORKER_PROFILE": str(profile_dir)} if args.profile else {}
+    if args.executor == "host":  # copies into page-locked memory through the delivery thread, as on a GPU
+        worker_env["GPUPOOL_HOST_EXECUTOR_COPIES"] = "later"
     worker = start_worker("bench", [device], bind_host="127.0.0.1", env=worker_env, executor=args.executor)
     try:
         print(f"remote run (worker pid {worker.pid}, {args.executor} executor) ...", flush=True)

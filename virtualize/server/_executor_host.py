@@ -5,7 +5,8 @@ device with the lease's partitions), allocations at device-like addresses (GPUPO
 default 0x5e0000000000) backed by bytearrays, handles counted from GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE
 (default 0x1000: a test gives another server's workers other values, as another GPU's driver would), copies,
 memsets, pools, streams and events (everything runs at once, in order; elapsed times are host clock times),
-modules and pointer attributes.
+modules and pointer attributes. A copy into a client's page-locked memory is sent before its call returns, or
+with GPUPOOL_HOST_EXECUTOR_COPIES=later by the worker's delivery thread, as a GPU's copy is.
 Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
@@ -219,6 +220,9 @@ class HostExecutor(Executor):
 
     def __init__(self, devices) -> None:
         self.trapped = 0  # CUDA_ERROR_ASSERT once a trap() kernel ran: the sticky error of a context
+        # GPUPOOL_HOST_EXECUTOR_COPIES=later: copies into a client's page-locked memory go through the worker's
+        # delivery thread, as on a GPU (bench_remote.py measures that path on a machine without one)
+        self.copies_later = os.environ.get("GPUPOOL_HOST_EXECUTOR_COPIES") == "later"
         self.n = len(devices)
         base = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_BASE", "0x5e0000000000"), 0)
         self.next_address = [base + i * (1 << 40) for i in range(self.n)]
@@ -1179,6 +1183,8 @@ class HostExecutor(Executor):
 
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
         mem, off = self._span(src, count)
+        if self.copies_later:  # its bytes taken now, sent by the delivery thread as a GPU's copy is
+            return CopiedBytes(bytes(memoryview(mem)[off : off + count]))
         return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done
 
     def _on(self, stream, work, kind: int = 0, described=None) -> None:
