@@ -381,3 +381,17 @@ def _vmm_share(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+@pytest.mark.parametrize("encryption", ["never", "always"])
+@pytest.mark.parametrize("scenario", ["async_copies"])
+def test_the_cuda_executors_copies_into_page_locked_memory_reach_a_client_on_another_host(
+    shim_dir, cuda_executor_worker, scenario, encryption
+):
+    """Across hosts (TCP, not the local socket whose client pages the worker's copies write directly), each
+    copy is queued into a staging buffer with an event and a mark behind it (_cuda._InFlight) and sent by the
+    delivery thread: the bytes land exactly when the program can see the copies done."""
+    env = client_env(shim_dir, cuda_executor_worker, GPUPOOL_DATA_ENCRYPTION=encryption)
+    env.pop("GPUPOOL_WORKER_LOCAL", None)
+    out, _ = run_client(scenario, env)
+    assert out and not any("False" in v for v in out.values()), out

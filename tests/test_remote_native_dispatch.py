@@ -10,12 +10,14 @@ in plaintext and over TLS.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import socket
 import ssl
 import struct
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -578,3 +580,30 @@ def test_events_the_native_loop_makes_and_destroys_are_the_ones_python_calls_nam
     # the 50 short-lived events' making, record, synchronise and destroy: all served in C
     served = re.findall(r"native loop of a connection: (\d+) frames served", capfd.readouterr().err)
     assert served and max(map(int, served)) >= 200, served
+
+
+def test_a_copys_mark_is_waited_for_in_c_until_its_stream_writes_it_or_the_time_is_up():
+    """The delivery thread waits for a copy's mark (the word its stream writes into page-locked memory after
+    the copy) in C, with no driver call and the GIL let go (_cuda._InFlight.wait): the wait ends once the word
+    holds the copy's value, written from another thread meanwhile — not at an older value — and reports a
+    word that never comes after its time, so the driver can be asked why."""
+    wait = _native_dispatch.word_waiter()
+    assert wait is not None  # the loop is built wherever the worker runs (setup.py)
+    word = ctypes.c_uint32(6)
+    address = ctypes.addressof(word)
+    assert wait(address, 6, 1_000_000)
+    assert not wait(address, 7, 5_000_000)  # 5 ms, nobody writes it
+
+    def stream_writes() -> None:
+        time.sleep(0.05)
+        word.value = 8  # an older mark first: the wait goes on
+        time.sleep(0.05)
+        word.value = 9
+
+    writer = threading.Thread(target=stream_writes)
+    started = time.monotonic()
+    writer.start()
+    assert wait(address, 9, 5_000_000_000)
+    waited = time.monotonic() - started
+    writer.join()
+    assert word.value == 9 and waited >= 0.09  # it waited for the write, did not return on the older one

@@ -98,6 +98,8 @@ _kept: list = []  # marks a dead context never wrote or posted, and their memory
 _MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
 _marks = itertools.count(1)
 _driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
+_MARK_ASK_NS = 1_000_000  # a copy's mark waited for this long between asks of the driver whether it failed
+
 
 # Tensor maps go to the driver through its own entry points, written into a 64-byte-aligned CUtensorMap
 # of ours: cuda.bindings keeps a CUtensorMap inside a Python object, which is only 16-byte aligned, and
@@ -423,10 +425,26 @@ class _InFlight(StagedCopy):
     def wait(self) -> None:
         if self.done:
             return
+        if self._mark_came():
+            self.done = True
+            return
         err = self._in_context(driver.cuEventSynchronize)
         if err != driver.CUresult.CUDA_SUCCESS:  # the context failed or is gone: no bytes to send
             self.error = int(err)
         self.done = True  # the event says the bytes are in; the mark may come later
+
+    def _mark_came(self) -> bool:
+        """Waits for the mark its stream writes, without a driver call while the copy runs (the delivery
+        thread's cuEventSynchronize met the connection thread's next copies in the driver and the GIL,
+        bench/RESULTS.md run CG). False: the copy's event is to say how it ended (no mark written here, the
+        copy failed or its context did, or the waiter is not built)."""
+        waiter = self.executor.word_waiter if self.sem is None else None
+        if waiter is None:
+            return False
+        while not waiter(self.address + self.buffer.size, self.seq, _MARK_ASK_NS):
+            if self._in_context(driver.cuEventQuery) != driver.CUresult.CUDA_ERROR_NOT_READY:
+                return False  # done, the mark just behind it, or failed: its synchronise says which
+        return True
 
     def view(self) -> memoryview:
         if self.error:

@@ -390,6 +390,10 @@ class Executor(abc.ABC):
     declared from the call table (an executor that misses one cannot be created)."""
 
     name = "executor"
+    # `wait(address, value, timeout_ns) -> bool`: a 32-bit word of host memory waited for until it holds
+    # `value`, with the GIL let go (the worker hands in its native loop's, _native_dispatch.word_waiter);
+    # None: the executor asks its driver instead.
+    word_waiter: Callable[[int, int, int], bool] | None = None
 
     @abc.abstractmethod
     def set_context(self, ctx: int) -> None:

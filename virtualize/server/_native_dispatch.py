@@ -159,6 +159,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_ring_free", [p], None),
         ("gpf_ring_recv", [p, p, u64], ctypes.c_long),
         ("gpf_ring_send", [p, p, u64], i),
+        ("gpf_wait_word", [p, u32, u64, u64], i),
     ):
         fn = getattr(lib, name, None)
         if fn is None:  # an older build of the loop: its functions are not these
@@ -195,6 +196,16 @@ def _spin_ns() -> int:
 
 def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
+
+
+def word_waiter() -> Callable[[int, int, int], bool] | None:
+    """`wait(address, value, timeout_ns)`: whether the 32-bit word at `address` came to hold `value` within
+    the time, waited for in C with the GIL let go (gpf_wait_word); None where the loop is not built."""
+    lib = _load()
+    if lib is None:
+        return None
+    spin = _spin_ns()
+    return lambda address, value, timeout_ns: lib.gpf_wait_word(address, value, spin, timeout_ns) == 1
 
 
 class MirroredHandles(set):

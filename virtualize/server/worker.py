@@ -596,7 +596,9 @@ def make_executor(kind: str, devices: list[WorkerDevice]):
     if kind == "cuda":
         from virtualize.server._cuda import CudaExecutor
 
-        return CudaExecutor(devices)
+        executor = CudaExecutor(devices)
+        executor.word_waiter = _native_dispatch.word_waiter()  # copies' marks waited for in C
+        return executor
     raise ValueError(f"unknown executor {kind!r} (cuda or host)")
 
 

@@ -1312,3 +1312,26 @@ static int serve(struct session *s, const struct io *io_, struct buffer *b, int 
     }
     return SERVED;
 }
+
+/* -- a copy's mark, waited for without the driver ------------------------------------------------------
+ * A copy into the worker's page-locked staging memory is followed on its stream by a write of its mark
+ * (cuStreamWriteValue32, _cuda._InFlight). The delivery thread waited for the copy with cuEventSynchronize
+ * in the copy's context while the connection's thread queued the next copies there: the two met in the
+ * driver and in the GIL taken back after each call (bench/RESULTS.md, run CG). Here the word is read until
+ * it holds `value`: polled for spin_ns (the loop's spin: none on a host of few CPUs), then every 20 µs,
+ * the GIL let go once for the whole wait. 1: it came; 0: not within timeout_ns (the caller asks the driver
+ * why: a context that failed writes no mark). */
+EXPORT int gpf_wait_word(const uint32_t *word, uint32_t value, uint64_t spin_ns, uint64_t timeout_ns) {
+    uint64_t start = now_ns();
+    for (;;) {
+        if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == value) return 1;
+        uint64_t waited = now_ns() - start;
+        if (waited >= timeout_ns) return 0;
+        if (waited < spin_ns) {
+            gp_ring_relax();
+            continue;
+        }
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+}
