@@ -98,6 +98,7 @@ _kept: list = []  # marks a dead context never wrote or posted, and their memory
 _MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
 _marks = itertools.count(1)
 _driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
+EVENTS_KEPT = 64  # finished copies' events kept per context for the next copies (each saves two driver calls)
 _MARK_ASK_NS = 1_000_000  # a copy's mark waited for this long between asks of the driver whether it failed
 
 
@@ -270,6 +271,9 @@ class _PinnedPool:
         self.kept = 0
         self.doomed: list[_Buffer] = []
         self.doomed_events: list = []
+        self.events: dict[
+            int, list
+        ] = {}  # finished copies' events by context, recorded again by later copies
         self.lock = threading.Lock()
 
     def take(self, count: int) -> _Buffer:
@@ -294,18 +298,32 @@ class _PinnedPool:
         for buffer in kept:
             buffer.drop()
 
+    def take_event(self, ctx: int):
+        """An event of context `ctx` (current on this thread) for a copy: a finished copy's, or a new one."""
+        with self.lock:
+            kept = self.events.get(ctx)
+            event = kept.pop() if kept else None
+        return event if event is not None else _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+
     def destroy_events(self) -> None:
         """Before a context goes: the events given back may be its (the driver frees them with it, and
         destroying one after that would free freed memory)."""
         with self.lock:
             events, self.doomed_events = self.doomed_events, []
+            for kept in self.events.values():
+                events.extend(kept)
+            self.events = {}
         for event in events:
             driver.cuEventDestroy(event)
 
-    def give(self, buffer: _Buffer | None, event) -> None:
-        """`buffer` None: only the event comes back; `event` None: only the buffer."""
+    def give(self, buffer: _Buffer | None, event, ctx: int = 0) -> None:
+        """`buffer` None: only the event comes back; `event` None: only the buffer. `ctx`: the event's
+        context, given where its record is known to be over (it is recorded again there); else destroyed."""
         with self.lock:
-            if event is not None:
+            kept = self.events.setdefault(ctx, []) if ctx and event is not None else None
+            if kept is not None and len(kept) < EVENTS_KEPT:
+                kept.append(event)
+            elif event is not None:
                 self.doomed_events.append(event)
             if buffer is None:
                 return
@@ -378,18 +396,26 @@ class _InFlight(StagedCopy):
         self.address = self.buffer.address
         self.sem = None
         self.seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before: no reset needed
-        self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+        self.event = executor.pinned.take_event(self.ctx)
         self.error = 0
         self.done = False
         handle = _int(stream)
         if handle not in _SPECIAL_STREAMS:  # a stream the program made: one queue, whichever thread asks
             self.order = handle
         try:
-            _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
-            _ok(driver.cuEventRecord(self.event, stream))
-            marked = bool(executor.stream_marks and self.buffer.mark_device())
-            if marked and driver.cuStreamWriteValue32(stream, self.buffer.mark_device(), self.seq, 0)[0]:
-                executor.stream_marks = marked = False  # refused (no stream memory operations): not again
+            mark = self.buffer.mark_device() if executor.stream_marks else 0
+            queue = executor.copy_queuer if mark else None
+            if queue is not None:  # the three calls below in one C call: the GIL let go once
+                err, failed = queue(self.address, src, count, handle, _int(self.event), mark, self.seq)
+                if err and failed < 2:
+                    raise CudaError(err)
+                marked = not err
+            else:
+                _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
+                _ok(driver.cuEventRecord(self.event, stream))
+                marked = bool(mark) and not driver.cuStreamWriteValue32(stream, mark, self.seq, 0)[0]
+            if mark and not marked:
+                executor.stream_marks = False  # refused (no stream memory operations): not asked again
             if not marked:
                 self.sem = (ctypes.c_char * _SEM_BYTES)()
                 _libc.sem_init(self.sem, 0, 0)
@@ -459,7 +485,7 @@ class _InFlight(StagedCopy):
         if self._marked():
             if self.sem is not None:
                 _libc.sem_destroy(self.sem)
-            self.executor.pinned.give(self.buffer, self.event)
+            self.executor.pinned.give(self.buffer, self.event, self.ctx)  # the event's record is over
         else:  # the stream may still write its mark or the driver post it (a context that failed)
             _kept.append((self.sem, self.buffer))
             self.executor.pinned.give(None, self.event)

@@ -394,6 +394,9 @@ class Executor(abc.ABC):
     # `value`, with the GIL let go (the worker hands in its native loop's, _native_dispatch.word_waiter);
     # None: the executor asks its driver instead.
     word_waiter: Callable[[int, int, int], bool] | None = None
+    # `queue(dst, src, count, stream, event, mark, value) -> (CUresult, which call failed)`: a copy to the host
+    # with its event and mark in one C call (_native_dispatch.copy_queuer); None: one driver call each.
+    copy_queuer: Callable[..., tuple[int, int]] | None = None
 
     @abc.abstractmethod
     def set_context(self, ctx: int) -> None:

@@ -160,6 +160,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_ring_recv", [p, p, u64], ctypes.c_long),
         ("gpf_ring_send", [p, p, u64], i),
         ("gpf_wait_word", [p, u32, u64, u64], i),
+        ("gpf_copy_to_host_marked", [p, u64, u64, u64, u64, u64, u32, ctypes.POINTER(i)], i),
     ):
         fn = getattr(lib, name, None)
         if fn is None:  # an older build of the loop: its functions are not these
@@ -196,6 +197,26 @@ def _spin_ns() -> int:
 
 def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
+
+
+def copy_queuer() -> Callable[..., tuple[int, int]] | None:
+    """`queue(dst, src, count, stream, event, mark, value) -> (CUresult, which call failed: 0 copy, 1 record,
+    2 mark)`: a copy to the host, its event and its mark in one C call (gpf_copy_to_host_marked); None where
+    the loop is not built or finds no driver in this process."""
+    lib = _load()
+    if lib is None or lib.gpf_use_driver() != 0:
+        return None
+
+    def queue(
+        dst: int, src: int, count: int, stream: int, event: int, mark: int, value: int
+    ) -> tuple[int, int]:
+        failed = ctypes.c_int()
+        result = lib.gpf_copy_to_host_marked(
+            dst, src, count, stream, event, mark, value, ctypes.byref(failed)
+        )
+        return result, failed.value
+
+    return queue
 
 
 def word_waiter() -> Callable[[int, int, int], bool] | None:

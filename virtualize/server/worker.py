@@ -598,6 +598,7 @@ def make_executor(kind: str, devices: list[WorkerDevice]):
 
         executor = CudaExecutor(devices)
         executor.word_waiter = _native_dispatch.word_waiter()  # copies' marks waited for in C
+        executor.copy_queuer = _native_dispatch.copy_queuer()  # and queued in one C call with them
         return executor
     raise ValueError(f"unknown executor {kind!r} (cuda or host)")
 

@@ -106,6 +106,7 @@ static int (*drv_memset_d16_async)(uint64_t, uint16_t, size_t, uint64_t);
 static int (*drv_memset_d32_async)(uint64_t, uint32_t, size_t, uint64_t);
 static int (*drv_event_create)(uint64_t *, uint32_t);
 static int (*drv_event_destroy)(uint64_t);
+static int (*drv_write_value32)(uint64_t, uint64_t, uint32_t, uint32_t); /* cuStreamWriteValue32_v2 */
 
 struct launch_config { /* CUlaunchConfig */
     uint32_t dims[7];
@@ -228,6 +229,7 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_memset_d32_async, "cuMemsetD32Async"},
         {(void **)&drv_event_create, "cuEventCreate"},
         {(void **)&drv_event_destroy, "cuEventDestroy_v2"},
+        {(void **)&drv_write_value32, "cuStreamWriteValue32_v2"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].slot = dlsym(lib, want[i].name);
@@ -1334,4 +1336,21 @@ EXPORT int gpf_wait_word(const uint32_t *word, uint32_t value, uint64_t spin_ns,
         struct timespec nap = {0, 20000};
         nanosleep(&nap, NULL);
     }
+}
+
+/* A copy into the worker's page-locked staging memory queued behind its stream, its event recorded and its
+ * mark written after it: _cuda._InFlight's three driver calls in one, so that the connection's thread takes
+ * the GIL back once for them, not three times (each time, maybe, after the delivery thread: run CG).
+ * Returns 0, or the first failure with *failed saying which call: 0 the copy, 1 the record, 2 the mark (refused
+ * where the device has no stream memory operations: the caller has a semaphore posted instead). -1: the driver's
+ * entry points are not found here (gpf_use_driver). */
+EXPORT int gpf_copy_to_host_marked(void *dst, uint64_t src, uint64_t count, uint64_t stream, uint64_t event,
+                                   uint64_t mark, uint32_t value, int *failed) {
+    if (!drv_dtoh_async || !drv_event_record || !drv_write_value32) return *failed = 0, -1;
+    int r = drv_dtoh_async(dst, src, count, stream);
+    if (r) return *failed = 0, r;
+    r = drv_event_record(event, stream);
+    if (r) return *failed = 1, r;
+    r = drv_write_value32(stream, mark, value, 0);
+    return *failed = 2, r;
 }
