@@ -271,9 +271,8 @@ class _PinnedPool:
         self.kept = 0
         self.doomed: list[_Buffer] = []
         self.doomed_events: list = []
-        self.events: dict[
-            int, list
-        ] = {}  # finished copies' events by context, recorded again by later copies
+        # finished copies' events by context, recorded again by later copies
+        self.events: dict[int, list] = {}
         self.lock = threading.Lock()
 
     def take(self, count: int) -> _Buffer:
