@@ -230,7 +230,6 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_memset_d32_async, "cuMemsetD32Async"},
         {(void **)&drv_event_create, "cuEventCreate"},
         {(void **)&drv_event_destroy, "cuEventDestroy_v2"},
-        {(void **)&drv_write_value32, "cuStreamWriteValue32_v2"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].slot = dlsym(lib, want[i].name);
@@ -238,6 +237,8 @@ EXPORT int gpf_use_driver(void) {
     }
     void *elapsed_v2 = dlsym(lib, "cuEventElapsedTime_v2"); /* CUDA 12.8+: what cuda-python's name calls */
     if (elapsed_v2) drv_elapsed = (int (*)(float *, uint64_t, uint64_t))elapsed_v2;
+    /* only gpf_copy_to_host_marked's (the loop serves without it) */
+    drv_write_value32 = (int (*)(uint64_t, uint64_t, uint32_t, uint32_t))dlsym(lib, "cuStreamWriteValue32_v2");
     return 0;
 }
 
